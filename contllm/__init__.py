@@ -1,0 +1,54 @@
+"""contllm: probe the implicit continuity of pretrained language models.
+
+Start from :func:`load` (an embedded alias, a Hugging Face id or a local directory) and
+build :class:`Signal` objects from text; edit durations by character spans; evaluate
+with :class:`ContinuousLM`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contllm.errors import (
+    ContllmError,
+    ExperimentError,
+    ModelLoadError,
+    RunDirectoryError,
+    SignalError,
+    UnsupportedModelError,
+)
+from contllm.families import FAMILIES, Family, family_of
+from contllm.lm import ContinuousLM, Generation
+from contllm.signal import Signal, SignalBatch, pad_signals
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FAMILIES",
+    "ContinuousLM",
+    "ContllmError",
+    "ExperimentError",
+    "Family",
+    "Generation",
+    "ModelLoadError",
+    "RunDirectoryError",
+    "Signal",
+    "SignalBatch",
+    "SignalError",
+    "UnsupportedModelError",
+    "family_of",
+    "load",
+    "pad_signals",
+]
+
+
+def load(name: str = "smollm2-135m", **options: Any) -> ContinuousLM:
+    """Load a model (embedded alias, Hugging Face id or local directory) ready for continuous inputs.
+
+    Options are those of :func:`contllm.models.load_model` (device, dtype,
+    attn_implementation, device_map, cache_dir, trust_remote_code).
+    """
+    from contllm.models import load_model
+
+    loaded = load_model(name, **options)
+    return ContinuousLM(loaded.model, loaded.tokenizer, loaded.info)

@@ -1,0 +1,264 @@
+"""A loaded Hugging Face causal LM, ready for continuous inputs.
+
+:class:`ContinuousLM` owns a stock model and its tokenizer and evaluates signals on
+it: logits or next-token distributions at chosen positions, in chunks, and greedy
+generation that continues a continuous prompt through the KV cache. The model itself
+is never modified outside a call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from transformers import DynamicCache
+
+from contllm.attention import continuous_positions, model_masks
+from contllm.errors import SignalError, UnsupportedModelError
+from contllm.families import Family, family_of
+from contllm.signal import Signal, SignalBatch, pad_signals
+
+Positions = Literal["last", "all"] | int | Sequence[int]
+
+
+@dataclass
+class Generation:
+    """Greedy continuation of a continuous prompt."""
+
+    token_ids: list[int]
+    text: str | None
+    signal: Signal  # the prompt followed by the generated tokens (duration 1 each)
+
+
+@dataclass
+class Context:
+    """Keys already in a KV cache: their times and durations [batch, keys]."""
+
+    cache: Any
+    times: torch.Tensor
+    durations: torch.Tensor
+
+
+class ContinuousLM:
+    """A stock causal LM and its tokenizer, evaluated on continuous signals.
+
+    model: a transformers causal LM of a supported family, loaded with the "eager" or
+        "sdpa" attention implementation (the ones that add a float mask to the logits).
+    tokenizer: its tokenizer (a fast one, for character spans), or None.
+    info: optional metadata of where the model came from.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any = None, info: Any = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.info = info
+        self.family: Family = family_of(model.config)
+        impl = getattr(model.config, "_attn_implementation", None) or "eager"
+        if impl not in self.family.backends:
+            raise UnsupportedModelError(
+                f"attention implementation {impl!r} cannot take a continuous-time mask for "
+                f"{self.family.name}; load the model with attn_implementation in {self.family.backends}"
+            )
+        self.attn_implementation = impl
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    def __repr__(self) -> str:
+        name = getattr(self.info, "name", None) or getattr(self.model.config, "_name_or_path", "") or "model"
+        return f"ContinuousLM({name!r}, family={self.family.name}, dtype={self.dtype}, device={self.device})"
+
+    @contextmanager
+    def patched(self) -> Iterator[Any]:
+        """The model, able to take continuous inputs, for as long as the context lasts."""
+        with continuous_positions(self.model, self.family), torch.inference_mode():
+            yield self.model
+
+    def signal(self, text: str, *, add_special_tokens: bool = True) -> Signal:
+        """Tokenize ``text`` into a signal of unit durations (times 0, 1, 2, ...)."""
+        if self.tokenizer is None:
+            raise SignalError("this model has no tokenizer; build signals from ids or embeddings")
+        return Signal.from_text(self.tokenizer, text, add_special_tokens=add_special_tokens)
+
+    def embed(self, signals: Signal | Sequence[Signal]) -> list[torch.Tensor]:
+        """Input embeddings [tokens, hidden] of each signal, by the model's own embedding module."""
+        single = isinstance(signals, Signal)
+        items = [signals] if single else list(signals)
+        embedding = self.model.get_input_embeddings()
+        with torch.inference_mode():
+            return [s.embedded(embedding).embeds for s in items]  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ forward
+    def _inputs_embeds(self, batch: SignalBatch) -> torch.Tensor:
+        embedding = self.model.get_input_embeddings()
+        if batch.embeds is not None and bool(batch.has_embeds.all()):
+            return batch.embeds.to(device=self.device, dtype=self.dtype)
+        embeds = embedding(batch.token_ids.to(self.device))
+        if batch.embeds is not None:
+            given = batch.has_embeds.to(self.device)[:, None, None]
+            embeds = torch.where(given, batch.embeds.to(device=self.device, dtype=embeds.dtype), embeds)
+        return embeds
+
+    def forward_batch(
+        self,
+        batch: SignalBatch,
+        *,
+        logits_to_keep: int | torch.Tensor = 0,
+        context: Context | None = None,
+        use_cache: bool = False,
+    ) -> tuple[torch.Tensor, Context | None]:
+        """One forward of a padded batch; returns logits and (with a cache) the extended context.
+
+        logits_to_keep: 0 for every column, k for the last k, or a 1-D tensor of columns.
+        context: keys already in a cache (a shared prefix or earlier generation steps).
+        Call inside :meth:`patched`.
+        """
+        embeds = self._inputs_embeds(batch)
+        query_times, key_times, key_durations = batch.times, batch.times, batch.durations
+        cache = None
+        if context is not None:
+            key_times = torch.cat([context.times, batch.times], dim=1)
+            key_durations = torch.cat([context.durations, batch.durations], dim=1)
+            cache = context.cache
+        elif use_cache:
+            # A cache built without a config keeps every key: windows are applied in time by the mask.
+            cache = DynamicCache()
+        # sdpa wants the mask in the query's dtype; eager adds it in float32 and loses nothing.
+        mask_dtype = torch.float32 if self.attn_implementation == "eager" else self.dtype
+        mask = model_masks(
+            self.family, self.model.config, query_times, key_times, key_durations, dtype=mask_dtype, device=self.device
+        )
+        out = self.model(
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            position_ids=query_times.to(device=self.device, dtype=torch.float32),
+            past_key_values=cache,
+            use_cache=cache is not None,
+            logits_to_keep=logits_to_keep,
+        )
+        new_context = None
+        if cache is not None:
+            new_context = Context(out.past_key_values, key_times, key_durations)
+        return out.logits, new_context
+
+    def logits(
+        self,
+        signals: Signal | Sequence[Signal],
+        *,
+        positions: Positions = "last",
+        batch_size: int = 32,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """Logits of the model on each signal, in float32 on the CPU.
+
+        positions: "last" -> [batch, vocab]; an int or a list of k ints (token indices of
+            each signal, negative from its end) -> [batch, vocab] or [batch, k, vocab];
+            "all" -> a list of [tokens_i, vocab] tensors.
+        A single Signal drops the batch dimension.
+        """
+        single = isinstance(signals, Signal)
+        items: list[Signal] = [signals] if single else list(signals)  # type: ignore[list-item]
+        if not items:
+            raise SignalError("no signals given")
+        if batch_size < 1:
+            raise SignalError(f"batch_size must be >= 1, got {batch_size}")
+        results: list[Any] = []
+        with self.patched():
+            for lo in range(0, len(items), batch_size):
+                chunk = items[lo : lo + batch_size]
+                results.extend(self._logits_chunk(chunk, positions))
+        if positions == "all":
+            return results[0] if single else results
+        stacked = torch.stack(results)
+        return stacked[0] if single else stacked
+
+    def _logits_chunk(self, chunk: list[Signal], positions: Positions) -> list[torch.Tensor]:
+        batch = pad_signals(chunk, side="left")
+        if positions == "last":
+            logits, _ = self.forward_batch(batch, logits_to_keep=1)
+            return list(logits[:, -1].float().cpu())
+        if positions == "all":
+            logits, _ = self.forward_batch(batch, logits_to_keep=0)
+            return [logits[r, int(batch.pad_left[r]) :].float().cpu() for r in range(len(chunk))]
+        scalar = isinstance(positions, int)
+        wanted = [positions] if scalar else [int(p) for p in positions]  # type: ignore[union-attr]
+        if not wanted:
+            raise SignalError("positions is an empty list")
+        columns = torch.empty(len(chunk), len(wanted), dtype=torch.long)
+        for r, s in enumerate(chunk):
+            n = len(s)
+            for k, p in enumerate(wanted):
+                if not -n <= p < n:
+                    raise SignalError(f"position {p} is outside a signal of {n} tokens")
+                columns[r, k] = int(batch.pad_left[r]) + (p % n)
+        keep = torch.unique(columns)
+        logits, _ = self.forward_batch(batch, logits_to_keep=keep.to(self.device))
+        lookup = torch.searchsorted(keep, columns)
+        picked = logits.float().cpu()[torch.arange(len(chunk))[:, None], lookup]
+        return list(picked[:, 0] if scalar else picked)
+
+    def probs(
+        self,
+        signals: Signal | Sequence[Signal],
+        *,
+        positions: Positions = "last",
+        batch_size: int = 32,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """Next-token distributions (softmax of :meth:`logits`, float32), same shapes."""
+        out = self.logits(signals, positions=positions, batch_size=batch_size)
+        if isinstance(out, list):
+            return [torch.softmax(x, dim=-1) for x in out]
+        return torch.softmax(out, dim=-1)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, signal: Signal, max_new_tokens: int = 20, *, stop_at_eos: bool = True) -> Generation:
+        """Greedy continuation of ``signal``: each new token has duration 1, one time step after the last.
+
+        The prompt goes through the model once; each step then reuses the KV cache.
+        """
+        if max_new_tokens < 0:
+            raise SignalError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        eos = self._eos_ids() if stop_at_eos else set()
+        new_ids: list[int] = []
+        time = signal.end
+        with self.patched():
+            logits, context = self.forward_batch(pad_signals([signal]), logits_to_keep=1, use_cache=True)
+            for _ in range(max_new_tokens):
+                token = int(logits[0, -1].argmax())
+                new_ids.append(token)
+                if token in eos or len(new_ids) == max_new_tokens:
+                    break
+                time += 1.0
+                step = pad_signals([Signal.from_ids([token], times=[time])])
+                logits, context = self.forward_batch(step, logits_to_keep=1, context=context)
+        extended = _append_tokens(signal, new_ids)
+        text = self.tokenizer.decode(new_ids) if self.tokenizer is not None else None
+        return Generation(new_ids, text, extended)
+
+    def _eos_ids(self) -> set[int]:
+        config = getattr(self.model, "generation_config", None)
+        eos = getattr(config, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.model.config, "eos_token_id", None)
+        if eos is None:
+            return set()
+        return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def _append_tokens(signal: Signal, token_ids: list[int]) -> Signal:
+    """``signal`` followed by ``token_ids`` of duration 1, one step apart after its end."""
+    if not token_ids or signal.token_ids is None or signal.embeds is not None:
+        return signal
+    k = len(token_ids)
+    ids = torch.cat([signal.token_ids, torch.tensor(token_ids, dtype=torch.long)])
+    durations = torch.cat([signal.durations, torch.ones(k, dtype=torch.float64)])
+    times = torch.cat([signal.times, signal.end + torch.arange(1, k + 1, dtype=torch.float64)])
+    return Signal.from_ids(ids, durations, times=times)
