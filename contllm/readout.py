@@ -1,0 +1,86 @@
+"""Read-outs: exact token sets and the distribution over them.
+
+A label such as "3" or "true" is read as the total probability of the tokens that decode
+to exactly one of its spellings, with or without a leading space marker. Substrings never
+count: "no" is not "not", "1" is not "10".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from contllm.errors import ExperimentError
+
+_DECODED_VOCAB: dict[int, tuple[str, ...]] = {}
+
+
+def decoded_vocabulary(tokenizer: Any) -> tuple[str, ...]:
+    """Each token id decoded on its own (cached per tokenizer object)."""
+    key = id(tokenizer)
+    if key not in _DECODED_VOCAB:
+        size = len(tokenizer)
+        _DECODED_VOCAB[key] = tuple(
+            tokenizer.batch_decode([[i] for i in range(size)], clean_up_tokenization_spaces=False)
+        )
+    return _DECODED_VOCAB[key]
+
+
+@dataclass(frozen=True)
+class TokenSets:
+    """Labels and, for each, the token ids that decode to exactly one of its spellings."""
+
+    labels: tuple[str, ...]
+    token_ids: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        seen: dict[int, str] = {}
+        for label, ids in zip(self.labels, self.token_ids):
+            for i in ids:
+                if i in seen and seen[i] != label:
+                    raise ExperimentError(f"token {i} is in the sets of both {seen[i]!r} and {label!r}")
+                seen[i] = label
+
+    @classmethod
+    def build(cls, tokenizer: Any, spellings: dict[str, Sequence[str]]) -> TokenSets:
+        """Token sets from {label: spellings}; each spelling also matches with a leading space.
+
+        Raises ExperimentError for a label that no single token spells.
+        """
+        wanted: dict[str, str] = {}
+        for label, words in spellings.items():
+            for w in words:
+                for form in (w, " " + w):
+                    wanted[form] = label
+        found: dict[str, list[int]] = {label: [] for label in spellings}
+        for i, text in enumerate(decoded_vocabulary(tokenizer)):
+            label = wanted.get(text)
+            if label is not None:
+                found[label].append(i)
+        missing = [label for label, ids in found.items() if not ids]
+        if missing:
+            raise ExperimentError(f"no single token of this tokenizer spells {', '.join(map(repr, missing))}")
+        return cls(tuple(found), tuple(tuple(ids) for ids in found.values()))
+
+    def gather(self, probs: torch.Tensor) -> torch.Tensor:
+        """Label probabilities [..., labels] from full next-token distributions [..., vocab]."""
+        columns = [probs[..., list(ids)].sum(dim=-1) for ids in self.token_ids]
+        return torch.stack(columns, dim=-1)
+
+
+DIGIT_SPELLINGS: dict[str, Sequence[str]] = {str(k): [str(k)] for k in range(10)}
+BINARY_SPELLINGS: dict[str, Sequence[str]] = {"0": ["0"], "1": ["1"]}
+TRUTH_WORD_SPELLINGS: dict[str, Sequence[str]] = {"false": ["false", "False"], "true": ["true", "True"]}
+
+
+def digits(tokenizer: Any) -> TokenSets:
+    """Token sets of the digits 0-9."""
+    return TokenSets.build(tokenizer, DIGIT_SPELLINGS)
+
+
+def truth_values(tokenizer: Any) -> TokenSets:
+    """Token sets of 0, 1, false and true."""
+    return TokenSets.build(tokenizer, {**BINARY_SPELLINGS, **TRUTH_WORD_SPELLINGS})
