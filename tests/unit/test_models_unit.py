@@ -175,6 +175,11 @@ def test_load_local_directory_in_bfloat16_eager(tmp_path: Path) -> None:
     assert loaded.info.attn_implementation == "eager"
 
 
+def test_device_map_is_passed_to_accelerate(tmp_path: Path) -> None:
+    loaded = M.load_model(tiny_directory(tmp_path / "tiny"), device_map="auto")
+    assert loaded.info.device == "cpu" and not loaded.model.training
+
+
 def test_hub_id_not_in_local_cache_is_a_load_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import huggingface_hub.constants
 
