@@ -1,0 +1,308 @@
+"""The command line: ``contllm run``, ``contllm models``, ``contllm report``.
+
+Errors a user can cause print one line and exit with status 2; nothing already written is
+overwritten without --resume or --force.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from contllm.errors import ContllmError, ExperimentError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Probe the implicit continuity of pretrained language models.",
+)
+
+EXPERIMENT_NAMES = ("counting", "events", "boolean")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _default_out(experiment: str, model: str) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe_model = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name or model)
+    return Path("runs") / f"{experiment}-{safe_model}-{stamp}"
+
+
+def build_config(experiment: str, options: dict[str, Any]) -> Any:
+    """The experiment's config dataclass from CLI or spec options (None means: the default)."""
+    from contllm.experiments import BooleanConfig, CountingConfig, EventsConfig
+    from contllm.experiments.base import parse_range
+
+    given = {k: v for k, v in options.items() if v is not None}
+    kwargs: dict[str, Any] = {}
+    if "range" in given:
+        value = given.pop("range")
+        low, high = parse_range(value) if isinstance(value, str) else (float(value[0]), float(value[1]))
+        kwargs["low"], kwargs["high"] = low, high
+    for key in ("samples", "template", "chat"):
+        if key in given:
+            kwargs[key] = given.pop(key)
+    if experiment == "counting":
+        config_type: Any = CountingConfig
+    elif experiment == "events":
+        config_type = EventsConfig
+        if "event" in given:
+            kwargs["event"] = int(given.pop("event"))
+    elif experiment == "boolean":
+        config_type = BooleanConfig
+        if "operators" in given:
+            ops = given.pop("operators")
+            kwargs["operators"] = tuple(o.strip() for o in (ops.split(",") if isinstance(ops, str) else ops) if o.strip())
+        if "method" in given:
+            kwargs["method"] = given.pop("method")
+    else:
+        raise ExperimentError(f"unknown experiment {experiment!r}; known experiments: {', '.join(EXPERIMENT_NAMES)}")
+    extra = sorted(k for k in given if k not in RUN_KEYS)
+    if extra:
+        raise ExperimentError(f"option(s) {', '.join(extra)} do not apply to the {experiment} experiment")
+    if "samples" in kwargs and int(kwargs["samples"]) < 1:
+        raise ExperimentError(f"samples must be >= 1, got {kwargs['samples']}")
+    return config_type(**kwargs)
+
+
+#: Options that belong to the run rather than to the experiment's config.
+RUN_KEYS = {"model", "device", "dtype", "items", "batch_size", "max_batch_tokens", "out", "seed", "item_figures"}
+
+
+def run_one(
+    experiment: str,
+    *,
+    model: str,
+    device: str,
+    dtype: Optional[str],
+    items: Optional[str],
+    out: Optional[Path],
+    resume: bool,
+    force: bool,
+    seed: int,
+    max_batch_tokens: Optional[int],
+    item_figures: bool,
+    config_options: dict[str, Any],
+    lm: Any = None,
+) -> Path:
+    """Run one experiment on one model into a run directory; returns its path."""
+    import torch
+
+    from contllm import load, plotting
+    from contllm.engine import Engine
+    from contllm.experiments import get_experiment, run_experiment
+    from contllm.experiments.base import config_dict
+    from contllm.runs import RunDir, atomic_write_json, base_manifest, now
+
+    get_experiment(experiment)
+    config = build_config(experiment, config_options)
+    resolved = {
+        "experiment": experiment,
+        "model": model,
+        "dtype": dtype,
+        "items": items,
+        "seed": seed,
+        "options": config_dict(config),
+    }
+    out = out or _default_out(experiment, model)
+    run = RunDir(out, resolved, resume=resume, force=force)
+    torch.manual_seed(seed)
+    typer.echo(f"{'resuming' if run.resumed else 'writing'} {experiment} on {model} -> {run.path}", err=True)
+    if lm is None:
+        started = time.perf_counter()
+        lm = load(model, device=device, dtype=dtype)
+        typer.echo(f"loaded {lm!r} in {time.perf_counter() - started:.1f} s", err=True)
+    manifest = base_manifest(lm, model)
+    run.write_manifest({**manifest, "status": "running"})
+    done = run.finished() if run.resumed else {}
+    if done:
+        typer.echo(f"{len(done)} items already finished; skipping them", err=True)
+    engine = Engine(lm, max_batch_tokens=max_batch_tokens)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(
+        TextColumn(f"[bold]{experiment}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        transient=False,
+        console=None,
+    ) as bar:
+        task = bar.add_task(experiment, total=None)
+
+        def progress(k: int, total: int) -> None:
+            bar.update(task, completed=k, total=total)
+
+        result = run_experiment(
+            lm,
+            experiment,
+            config,
+            items=items,
+            evaluate=lambda signals: engine.probs(signals),
+            skip=done,
+            on_sweep=run.save_sweep,
+            progress=progress,
+            model_name=model,
+        )
+    result.save(run.path)
+    summary = result.summary()
+    atomic_write_json(run.path / "summary.json", summary)
+    plotting.save_all(result, run.path / "figures", per_item=item_figures)
+    run.write_manifest({"status": "finished", "finished": now(), "items": len(result.sweeps)})
+    for key, value in summary.items():
+        if isinstance(value, float):
+            typer.echo(f"  {key}: {value:.3f}", err=True)
+    typer.echo(str(run.path))
+    return run.path
+
+
+@app.command()
+def run(
+    target: str = typer.Argument(..., help="An experiment (counting, events, boolean) or a spec file (.toml)."),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", help="Embedded alias (smollm2-135m, gemma3-270m), Hugging Face id or local directory. [default: smollm2-135m]"
+    ),
+    device: str = typer.Option("auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."),
+    dtype: Optional[str] = typer.Option(None, help="float32 (default on CPU), bfloat16 or float16."),
+    samples: Optional[int] = typer.Option(
+        None, "--samples", "-n", help="Values of the factor (or alpha) per item. [default: 20 (counting, events), 21 (boolean)]"
+    ),
+    range_: Optional[str] = typer.Option(
+        None, "--range", help="MIN,MAX of the duration factor (default 0.1,1.0) or of alpha (default 0,1)."
+    ),
+    items: Optional[str] = typer.Option(None, "--items", help="The first N items, or a comma-separated list of item ids."),
+    batch_size: Optional[int] = typer.Option(
+        None, "--batch-size", help="Most signals evaluated in one forward (sets the memory budget with the prompt length)."
+    ),
+    max_batch_tokens: Optional[int] = typer.Option(
+        None, "--max-batch-tokens", help="Most tokens (rows x padded length) in one forward. [default: automatic]"
+    ),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory. [default: runs/<experiment>-<model>-<time>]"),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out, skipping finished items."),
+    force: bool = typer.Option(False, "--force", help="Replace the run in --out."),
+    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Wrap prompts in the model's chat template."),
+    seed: int = typer.Option(0, help="Random seed (recorded; the sweeps themselves are deterministic)."),
+    template: Optional[str] = typer.Option(None, help="Prompt template; see the experiment's docs for its fields."),
+    event: Optional[int] = typer.Option(None, help="events: scale only this event (1-based); 0 scales all."),
+    operators: Optional[str] = typer.Option(None, help="boolean: comma-separated operators to pair, e.g. AND,XOR."),
+    method: Optional[str] = typer.Option(None, help="boolean: linear or slerp interpolation. [default: linear]"),
+    item_figures: bool = typer.Option(True, "--item-figures/--no-item-figures", help="Also draw one figure per item."),
+) -> None:
+    """Run an experiment (or a spec of several) and write a run directory.
+
+    The directory holds config.json, manifest.json, results.json, results.csv,
+    summary.json and figures/ (PNG and PDF). Examples:
+
+      contllm run counting
+
+      contllm run counting --items 10 --samples 10 --range 0.2,1.5 --out runs/quick
+
+      contllm run boolean --operators AND,OR,XOR --method slerp
+
+      contllm run experiments/paper.toml
+    """
+    try:
+        if batch_size is not None and batch_size < 1:
+            raise ExperimentError(f"--batch-size must be >= 1, got {batch_size}")
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ExperimentError(f"--max-batch-tokens must be >= 1, got {max_batch_tokens}")
+        config_options = {
+            "samples": samples,
+            "range": range_,
+            "chat": chat,
+            "template": template,
+            "event": event,
+            "operators": operators,
+            "method": method,
+        }
+        if target.endswith(".toml") or Path(target).is_file():
+            from contllm.spec import run_spec
+
+            run_spec(Path(target), out=out, resume=resume, force=force, device=device, dtype=dtype)
+            return
+        if target not in EXPERIMENT_NAMES:
+            raise ExperimentError(
+                f"unknown experiment {target!r}; known experiments: {', '.join(EXPERIMENT_NAMES)} (or a .toml spec)"
+            )
+        budget = max_batch_tokens
+        if batch_size is not None and budget is None:
+            budget = batch_size * 256
+        run_one(
+            target,
+            model=model or "smollm2-135m",
+            device=device,
+            dtype=dtype,
+            items=items,
+            out=out,
+            resume=resume,
+            force=force,
+            seed=seed,
+            max_batch_tokens=budget,
+            item_figures=item_figures,
+            config_options={k: v for k, v in config_options.items() if v is not None},
+        )
+    except ContllmError as exc:
+        _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    except KeyboardInterrupt:
+        typer.echo("interrupted; finished items are saved, continue with --resume", err=True)
+        raise typer.Exit(130)
+
+
+@app.command()
+def models(
+    cache_dir: Optional[Path] = typer.Option(None, help="Cache of converted models. [default: $CONTLLM_CACHE or ~/.cache/contllm]"),
+) -> None:
+    """List the embedded model aliases: family, size, whether installed and converted."""
+    try:
+        from contllm.models import list_models
+
+        rows = list_models(cache_dir)
+        header = f"{'alias':<14} {'family':<12} {'params':>8}  {'installed':<9}  {'cached':<6}  install"
+        typer.echo(header)
+        for r in rows:
+            typer.echo(
+                f"{r.alias:<14} {r.family:<12} {r.n_parameters / 1e6:>7.0f}M  {'yes' if r.installed else 'no':<9}  "
+                f"{'yes' if r.cached else 'no':<6}  {'' if r.installed else r.install_command}"
+            )
+    except ContllmError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def report(
+    run_dirs: list[Path] = typer.Argument(..., help="Run directories to summarise and compare."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for summary.md, summary.csv and figures."),
+    force: bool = typer.Option(False, "--force", help="Replace files in --out."),
+) -> None:
+    """Summarise runs (Markdown and CSV) and draw figures comparing models per experiment."""
+    try:
+        from contllm.report import write_report
+
+        for path in write_report(run_dirs, out, force=force):
+            typer.echo(str(path))
+    except ContllmError as exc:
+        _fail(str(exc))
+
+
+def main() -> None:
+    """Entry point of the ``contllm`` command."""
+    try:
+        app()
+    except ContllmError as exc:  # raised outside a command body (should not happen)
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

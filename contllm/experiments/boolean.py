@@ -1,0 +1,116 @@
+"""Boolean interpolation: the operator of "1 AND 0" moved through embedding space to another.
+
+For every pair of operators and every input pair, the operator's span is interpolated
+from the first operator (alpha = 0) to the second (alpha = 1), aligned in time when the
+two tokenize into different numbers of tokens; 0/1 and false/true are read out.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from contllm.data import BooleanTable, load_boolean
+from contllm.errors import ExperimentError
+from contllm.experiments.base import Plan, sweep_values
+from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.interpolate import interpolate_spans
+from contllm.lm import ContinuousLM
+from contllm.readout import truth_values
+from contllm.signal import Signal
+
+DEFAULT_TEMPLATE = "What is the truth value of {a} {op} {b}?\nAnswer: "
+CHAT_TEMPLATE = "What is the truth value of {a} {op} {b}? Reply with 0 or 1."
+
+
+@dataclass(frozen=True)
+class BooleanItem:
+    """One sweep: operator ``first`` to ``second`` on inputs (a, b)."""
+
+    id: str
+    first: str
+    second: str
+    a: int
+    b: int
+
+
+@dataclass
+class BooleanConfig:
+    """Options of the Boolean interpolation experiment.
+
+    template: prompt with {a}, {op} and {b} fields; None picks the default.
+    operators: the operators to pair (every unordered pair); None: all in the dataset.
+    method: "linear" or "slerp" interpolation of the embeddings.
+    low, high, samples: the values of alpha (within [0, 1]); chat: use the chat template.
+    """
+
+    template: str | None = None
+    operators: tuple[str, ...] | None = None
+    method: str = "linear"
+    low: float = 0.0
+    high: float = 1.0
+    samples: int = 21
+    chat: bool = False
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.low <= self.high <= 1.0):
+            raise ExperimentError(f"alpha range must lie within 0,1 with min <= max, got {self.low},{self.high}")
+        if self.method not in ("linear", "slerp"):
+            raise ExperimentError(f"method must be 'linear' or 'slerp', got {self.method!r}")
+        if self.operators is not None:
+            self.operators = tuple(self.operators)
+            table = load_boolean()
+            for op in self.operators:
+                table.word(op)  # raises for an unknown operator, naming the known ones
+            if len(set(o.upper() for o in self.operators)) < 2:
+                raise ExperimentError("give at least two different operators to interpolate between")
+
+    def resolved_template(self) -> str:
+        if self.template is not None:
+            return self.template
+        return CHAT_TEMPLATE if self.chat else DEFAULT_TEMPLATE
+
+
+def boolean_items(config: BooleanConfig, table: BooleanTable | None = None) -> list[BooleanItem]:
+    """Every unordered operator pair (in dataset order) times every input pair."""
+    table = table or load_boolean()
+    ops = [table.operators[table.operators.index(o.upper())] if o.upper() in table.operators else o
+           for o in (config.operators or table.operators)]
+    items = []
+    for first, second in itertools.combinations(ops, 2):
+        for a, b in table.pairs:
+            items.append(BooleanItem(f"{first}-{second}-{a}{b}", first, second, a, b))
+    return items
+
+
+def _render(lm: ContinuousLM, config: BooleanConfig, word: str, a: int, b: int) -> Rendered:
+    rendered = render(config.resolved_template(), {"a": str(a), "op": word, "b": str(b)}, required=("op",))
+    if config.chat:
+        rendered = apply_chat(lm.tokenizer, rendered)
+    return rendered
+
+
+def plan_item(lm: ContinuousLM, item: BooleanItem, config: BooleanConfig) -> Plan:
+    """The sweep of one item: the operator's span interpolated over alpha."""
+    table = load_boolean()
+    embedding = lm.model.get_input_embeddings()
+    ends = []
+    for op in (item.first, item.second):
+        rendered = _render(lm, config, table.word(op), item.a, item.b)
+        signal = Signal.from_text(lm.tokenizer, rendered.text, add_special_tokens=not config.chat)
+        ends.append((signal.embedded(embedding), rendered.spans["op"][0]))
+    (sa, span_a), (sb, span_b) = ends
+    alphas = sweep_values(config.low, config.high, config.samples, include=None)
+    signals = [interpolate_spans(sa, span_a, sb, span_b, float(x), method=config.method) for x in alphas]  # type: ignore[arg-type]
+    meta = {
+        "first": item.first,
+        "second": item.second,
+        "a": item.a,
+        "b": item.b,
+        "truth_first": table.truth(item.first, item.a, item.b),
+        "truth_second": table.truth(item.second, item.a, item.b),
+        "method": config.method,
+        "tokens_first": len(sa),
+        "tokens_second": len(sb),
+    }
+    return Plan(item.id, alphas, signals, truth_values(lm.tokenizer), truth=None, meta=meta)

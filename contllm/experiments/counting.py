@@ -1,0 +1,90 @@
+"""Counting: a word repeated n times, every occurrence's duration scaled by c.
+
+Read out the digits 0-9 after a prompt that asks for the count. If the model integrates
+over time, shrinking the word should move the predicted count smoothly toward smaller
+numbers ("four 0.75-apples are about three apples").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contllm.data import CountingItem
+from contllm.errors import ExperimentError
+from contllm.experiments.base import Plan, sweep_values
+from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.lm import ContinuousLM
+from contllm.readout import digits
+from contllm.signal import Signal
+
+#: Few-shot completions. Measured on SmolLM2-135M (DESIGN.md section 3), small models count
+#: with this format and not with a zero-shot question. The shots use other words and
+#: counts 2, 5 and 3 so that no single count is primed.
+DEFAULT_TEMPLATE = (
+    '"cat cat" contains 2 words.\n'
+    '"dog dog dog dog dog" contains 5 words.\n'
+    '"sun sun sun" contains 3 words.\n'
+    '"{words}" contains '
+)
+
+#: The paper's zero-shot question, kept for comparison and for larger instruct models.
+QUESTION_TEMPLATE = (
+    'Question: In the sentence "{words}", how many times is {article} mentioned? '
+    "Reply with a single-digit number\nAnswer: "
+)
+
+#: The user message when --chat wraps the prompt in the model's chat template.
+CHAT_TEMPLATE = 'How many times does the word "{word}" occur in "{words}"? Reply with a single digit.'
+
+FIELDS = ("words", "word", "article", "category")
+
+
+@dataclass
+class CountingConfig:
+    """Options of the counting experiment.
+
+    template: prompt with a {words} field (the repeated word) and optionally {word},
+        {article}, {category}; None picks the default (or the chat default with chat).
+    low, high, samples: the duration factors c, evenly spaced (1.0 added when inside).
+    chat: wrap the prompt in the model's chat template (instruct models).
+    """
+
+    template: str | None = None
+    low: float = 0.1
+    high: float = 1.0
+    samples: int = 20
+    chat: bool = False
+
+    def __post_init__(self) -> None:
+        if self.low <= 0:
+            raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
+
+    def resolved_template(self) -> str:
+        if self.template is not None:
+            return self.template
+        return CHAT_TEMPLATE if self.chat else DEFAULT_TEMPLATE
+
+
+def render_item(lm: ContinuousLM, item: CountingItem, config: CountingConfig) -> Rendered:
+    """The item's prompt, with the span of every occurrence of the word under "words"."""
+    values = {
+        "words": [item.word] * item.n,
+        "word": item.word,
+        "article": item.article,
+        "category": item.category,
+    }
+    rendered = render(config.resolved_template(), values, required=("words",))
+    if config.chat:
+        rendered = apply_chat(lm.tokenizer, rendered)
+    return rendered
+
+
+def plan_item(lm: ContinuousLM, item: CountingItem, config: CountingConfig) -> Plan:
+    """The sweep of one counting item: the word's occurrences scaled by each factor."""
+    rendered = render_item(lm, item, config)
+    base = Signal.from_text(lm.tokenizer, rendered.text, add_special_tokens=not config.chat)
+    spans = rendered.spans["words"]
+    factors = sweep_values(config.low, config.high, config.samples)
+    signals = [base.scale(spans, float(c)) for c in factors]
+    meta = {"word": item.word, "n": item.n, "category": item.category, "tokens": len(base)}
+    return Plan(item.id, factors, signals, digits(lm.tokenizer), truth=str(item.n), meta=meta)

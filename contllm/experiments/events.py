@@ -1,0 +1,72 @@
+"""Event duration: a passage of n events, and a question about how many happened.
+
+The events' durations are scaled by c, all together or a single one ("a third of an
+action"); the digits 0-9 after the answer prefix are read out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contllm.data import EventItem
+from contllm.errors import ExperimentError
+from contllm.experiments.base import Plan, sweep_values
+from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.lm import ContinuousLM
+from contllm.readout import digits
+from contllm.signal import Signal
+
+#: The passage, its question, and an answer prefix that a number completes.
+DEFAULT_TEMPLATE = "{events}\nQuestion: {question} Answer with a number.\n{answer_prefix}"
+CHAT_TEMPLATE = "{events}\n{question} Reply with a single digit."
+
+
+@dataclass
+class EventsConfig:
+    """Options of the event-duration experiment.
+
+    template: prompt with an {events} field (the passage, one span per event) and
+        optionally {question} and {answer_prefix}; None picks the default.
+    event: 0 scales every event together; k in 1..n scales only the k-th event.
+    low, high, samples: the duration factors; chat: use the model's chat template.
+    """
+
+    template: str | None = None
+    event: int = 0
+    low: float = 0.1
+    high: float = 1.0
+    samples: int = 20
+    chat: bool = False
+
+    def __post_init__(self) -> None:
+        if self.low <= 0:
+            raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
+        if self.event < 0:
+            raise ExperimentError(f"event must be 0 (all events) or a 1-based event number, got {self.event}")
+
+    def resolved_template(self) -> str:
+        if self.template is not None:
+            return self.template
+        return CHAT_TEMPLATE if self.chat else DEFAULT_TEMPLATE
+
+
+def render_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> Rendered:
+    values = {"events": list(item.events), "question": item.question, "answer_prefix": item.answer_prefix}
+    rendered = render(config.resolved_template(), values, required=("events",))
+    if config.chat:
+        rendered = apply_chat(lm.tokenizer, rendered, reply_prefix=item.answer_prefix)
+    return rendered
+
+
+def plan_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> Plan:
+    """The sweep of one passage: all events, or the chosen one, scaled by each factor."""
+    rendered = render_item(lm, item, config)
+    base = Signal.from_text(lm.tokenizer, rendered.text, add_special_tokens=not config.chat)
+    spans = rendered.spans["events"]
+    if config.event > len(spans):
+        raise ExperimentError(f"item {item.id} has {len(spans)} events; event {config.event} does not exist")
+    chosen = spans if config.event == 0 else [spans[config.event - 1]]
+    factors = sweep_values(config.low, config.high, config.samples)
+    signals = [base.scale(chosen, float(c)) for c in factors]
+    meta = {"kind": item.kind, "n": item.n, "event": config.event, "tokens": len(base)}
+    return Plan(item.id, factors, signals, digits(lm.tokenizer), truth=str(item.n), meta=meta)

@@ -1,0 +1,190 @@
+"""Run directories: config, manifest, one record per finished item, results and figures.
+
+Layout of a run directory::
+
+    config.json        the resolved configuration (experiment, model, options)
+    manifest.json      model, weights sha256, package versions, device, dtype, commit, times
+    items/<id>.json    one sweep per finished item, each written atomically
+    results.json       every sweep, with the config
+    results.csv        tidy rows: item, factor (or alpha), label, probability, truth
+    summary.json       headline numbers
+    figures/           one figure per item and a summary, as PNG and PDF
+
+Every file is written to a temporary name and renamed into place, so a run killed at any
+moment leaves only whole files; ``--resume`` then skips the items already on disk.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from contllm.errors import RunDirectoryError
+from contllm.experiments.base import Sweep
+
+CONFIG = "config.json"
+MANIFEST = "manifest.json"
+ITEMS = "items"
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | Path, data: Any) -> Path:
+    return atomic_write_text(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def is_run_dir(path: str | Path) -> bool:
+    path = Path(path)
+    return (path / CONFIG).is_file() and (path / MANIFEST).is_file()
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RunDirectoryError(f"cannot read {path}: {exc}") from None
+
+
+class RunDir:
+    """A run directory opened for writing.
+
+    out: the directory. resume: continue a run there (its config must match). force:
+    replace a previous run there. Without either, an existing non-empty directory is an
+    error, so nothing already written is lost.
+    """
+
+    def __init__(self, out: str | Path, config: dict[str, Any], *, resume: bool = False, force: bool = False) -> None:
+        if resume and force:
+            raise RunDirectoryError("--resume and --force contradict each other; give one")
+        self.path = Path(out)
+        self.config = config
+        self.resumed = False
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirectoryError(f"{self.path} exists and is not a directory")
+        occupied = self.path.is_dir() and any(self.path.iterdir())
+        if occupied:
+            if resume:
+                if not is_run_dir(self.path):
+                    raise RunDirectoryError(f"cannot resume: {self.path} is not a run directory (no {CONFIG})")
+                previous = _read_json(self.path / CONFIG)
+                if previous != config:
+                    changed = sorted(
+                        k for k in set(previous) | set(config) if previous.get(k) != config.get(k)
+                    )
+                    raise RunDirectoryError(
+                        f"cannot resume {self.path}: its config differs in {', '.join(changed)}; "
+                        "use the same options, or --force to start over"
+                    )
+                self.resumed = True
+            elif force:
+                if not is_run_dir(self.path):
+                    raise RunDirectoryError(
+                        f"refusing to replace {self.path}: it is not empty and not a run directory"
+                    )
+                shutil.rmtree(self.path)
+            else:
+                raise RunDirectoryError(
+                    f"{self.path} already holds files; use --resume to continue it or --force to replace it"
+                )
+        (self.path / ITEMS).mkdir(parents=True, exist_ok=True)
+        if not self.resumed:
+            atomic_write_json(self.path / CONFIG, config)
+
+    # ------------------------------------------------------------------ items
+    def item_path(self, item_id: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in item_id)
+        return self.path / ITEMS / f"{safe}.json"
+
+    def finished(self) -> dict[str, Sweep]:
+        """The sweeps already on disk, by item id (unreadable records are ignored and redone)."""
+        done: dict[str, Sweep] = {}
+        for path in sorted((self.path / ITEMS).glob("*.json")):
+            try:
+                sweep = Sweep.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, Exception):  # a record that cannot be read is recomputed
+                continue
+            done[sweep.item_id] = sweep
+        return done
+
+    def save_sweep(self, sweep: Sweep) -> None:
+        atomic_write_json(self.item_path(sweep.item_id), sweep.to_dict())
+
+    # ------------------------------------------------------------------ manifest
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        previous = _read_json(self.path / MANIFEST) if (self.path / MANIFEST).is_file() else {}
+        if previous.get("started") and "started" in manifest:
+            manifest = {**manifest, "started": previous["started"], "resumed": now()}
+        atomic_write_json(self.path / MANIFEST, {**previous, **manifest})
+
+
+def package_versions() -> dict[str, str | None]:
+    """Versions of the packages a result depends on."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("contllm", "torch", "transformers", "accelerate", "numpy", "gguf", "safetensors"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def project_commit() -> str | None:
+    """The git commit of the contllm checkout, when it runs from one."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def base_manifest(lm: Any, model_name: str) -> dict[str, Any]:
+    """Where a run's numbers come from: model, weights, software, device and dtype."""
+    info = lm.info
+    return {
+        "model": model_name,
+        "model_type": lm.model.config.model_type,
+        "family": lm.family.name,
+        "weights_sha256": getattr(info, "sha256", None) or getattr(info, "weights_sha256", None),
+        "source": str(getattr(info, "source", "") or "") or None,
+        "device": str(lm.device),
+        "dtype": str(lm.dtype).replace("torch.", ""),
+        "attn_implementation": lm.attn_implementation,
+        "versions": package_versions(),
+        "commit": project_commit(),
+        "command": " ".join(sys.argv),
+        "host": platform.node(),
+        "started": now(),
+    }
