@@ -1,0 +1,168 @@
+"""The engine equals evaluating each signal alone, with and without the shared prefix, in any chunking."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+
+from contllm import ContinuousLM, Signal, SignalError
+from contllm.engine import Engine, plan_chunks, shared_prefix_len
+from tests.unit.tiny import WINDOW, prompt, random_durations, tiny_model
+
+pytestmark = pytest.mark.unit
+
+# A rotary family, three windowed ones (window 4, prompts of 12-15 tokens) and learned positions.
+FAMILIES = [("llama", "sdpa"), ("mistral", "sdpa"), ("gemma3", "eager"), ("qwen2", "eager"), ("gpt2", "eager")]
+BASE = 12
+EDIT = (8, 10)  # tokens whose durations the sweep scales; the shared prefix is the 8 before
+assert EDIT[0] > WINDOW
+
+
+def lm_for(family: str, impl: str = "eager") -> ContinuousLM:
+    return ContinuousLM(tiny_model(family, impl))
+
+
+def sweep(n: int = 9) -> list[Signal]:
+    """A duration sweep over tokens 8-9 of one prompt, followed by 0-3 extra tokens (mixed lengths)."""
+    ids = torch.cat([prompt(BASE, 1), prompt(3, 2)])
+    durations = random_durations(BASE + 3, 3)
+    out = []
+    for k, c in enumerate(torch.linspace(0.1, 1.5, n).tolist()):
+        length = BASE + k % 4
+        d = durations[:length].clone()
+        d[EDIT[0] : EDIT[1]] *= c
+        out.append(Signal.from_ids(ids[:length], d))
+    return out
+
+
+def one_by_one(lm: ContinuousLM, signals: list[Signal]) -> torch.Tensor:
+    return torch.stack([lm.logits(s) for s in signals])
+
+
+@functools.lru_cache(maxsize=None)
+def sweep_alone(family: str, impl: str) -> torch.Tensor:
+    return one_by_one(lm_for(family, impl), sweep())
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max())
+
+
+@pytest.mark.parametrize("family,impl", FAMILIES)
+@pytest.mark.parametrize("prefix_cache", [True, False])
+@pytest.mark.parametrize("max_batch_tokens", [40, None])
+def test_engine_equals_each_signal_alone(family: str, impl: str, prefix_cache: bool, max_batch_tokens: int | None) -> None:
+    lm = lm_for(family, impl)
+    signals = sweep()
+    engine = Engine(lm, max_batch_tokens=max_batch_tokens, prefix_cache=prefix_cache)
+    got = engine.logits(signals)
+    assert got.dtype == torch.float32 and got.shape == (len(signals), lm.model.config.vocab_size)
+    assert max_diff(got, sweep_alone(family, impl)) <= 1e-5
+    stats = engine.last_stats
+    assert stats is not None and sum(c.rows for c in stats.chunks) == len(signals)
+    if max_batch_tokens is not None:
+        assert len(stats.chunks) > 1
+        assert all(c.rows * (c.prefix_len + c.width) <= max_batch_tokens for c in stats.chunks)
+    used = {p for c, p in zip(stats.chunks, stats.prefix_lens) if c.rows > 1}
+    assert used == ({EDIT[0]} if prefix_cache else {0})
+
+
+def test_sweep_with_only_the_last_tokens_different_uses_a_long_prefix() -> None:
+    lm = lm_for("mistral", "eager")
+    ids = prompt(20, 4)
+    signals = [Signal.from_ids(ids).scale_tokens([18, 19], c) for c in (0.25, 0.5, 1.0, 2.0)]
+    engine = Engine(lm)
+    got = engine.logits(signals)
+    assert engine.last_stats is not None
+    assert engine.last_stats.prefix_lens == (18,)
+    assert engine.last_stats.tokens_computed == 18 + 4 * 2
+    assert max_diff(got, one_by_one(lm, signals)) <= 1e-5
+
+
+def test_prefix_is_computed_once_and_reused_across_chunks() -> None:
+    lm = lm_for("llama")
+    signals = sweep(12)
+    engine = Engine(lm, max_batch_tokens=60)
+    got = engine.logits(signals)
+    stats = engine.last_stats
+    assert stats is not None and len(stats.chunks) >= 3
+    assert [c.prefix_computed for c in stats.chunks if c.prefix_len] == [True] + [False] * (
+        sum(1 for c in stats.chunks if c.prefix_len) - 1
+    )
+    assert max_diff(got, one_by_one(lm, signals)) <= 1e-5
+
+
+def test_a_signal_that_is_all_prefix_keeps_its_last_token() -> None:
+    lm = lm_for("qwen2", "eager")
+    ids = prompt(14, 5)
+    short, long = Signal.from_ids(ids[:9]), Signal.from_ids(ids)
+    engine = Engine(lm)
+    got = engine.logits([short, long, short])
+    assert engine.last_stats is not None and engine.last_stats.prefix_lens == (8,)
+    assert max_diff(got, one_by_one(lm, [short, long, short])) <= 1e-5
+
+
+def test_different_times_or_embeddings_end_the_prefix() -> None:
+    lm = lm_for("llama")
+    ids = prompt(10, 6)
+    a = Signal.from_ids(ids)
+    shifted = a.with_times(a.times + torch.tensor([0.0] * 3 + [0.5] * 7, dtype=torch.float64))
+    assert shared_prefix_len([a, shifted], lm) == 3
+    embeds = lm.embed(a)[0]
+    nudged = embeds.clone()
+    nudged[5] += 1e-3
+    as_embeds = [Signal.from_embeds(embeds), Signal.from_embeds(nudged), a]
+    assert shared_prefix_len(as_embeds, lm) == 5
+    engine = Engine(lm)
+    got = engine.logits([a, shifted, *as_embeds])
+    assert max_diff(got, one_by_one(lm, [a, shifted, *as_embeds])) <= 1e-5
+
+
+def test_probs_progress_and_order() -> None:
+    lm = lm_for("gpt2")
+    signals = sweep(7)
+    seen: list[int] = []
+    engine = Engine(lm, max_batch_tokens=30)
+    wanted = torch.tensor([3, 5, 11])
+    probs = engine.probs(signals, token_ids=wanted, progress=seen.append)
+    full = torch.softmax(one_by_one(lm, signals), dim=-1)
+    assert probs.shape == (7, 3)
+    assert max_diff(probs, full[:, wanted]) <= 1e-6
+    assert seen == sorted(seen) and seen[-1] == 7 and len(seen) == len(engine.last_stats.chunks)  # type: ignore[union-attr]
+    assert max_diff(engine.probs(signals[::-1]), full.flip(0)) <= 1e-6
+
+
+def test_bfloat16_model_gives_float32_outputs_close_to_float32() -> None:
+    fp32 = lm_for("llama")
+    bf16 = ContinuousLM(copy.deepcopy(fp32.model).to(torch.bfloat16))
+    signals = sweep(5)
+    got = Engine(bf16).logits(signals)
+    assert got.dtype == torch.float32
+    assert bf16.model.get_output_embeddings().weight.dtype == torch.bfloat16  # the float32 read-out is undone
+    ref = Engine(fp32).logits(signals)
+    assert float((got - ref).norm() / ref.norm()) < 0.05
+
+
+def test_plan_chunks_keeps_order_and_budget() -> None:
+    assert plan_chunks([5, 5, 5, 5], 10) == [(0, 2), (2, 4)]
+    assert plan_chunks([3, 9, 2], 10) == [(0, 1), (1, 2), (2, 3)]
+    assert plan_chunks([30, 2, 2], 10) == [(0, 1), (1, 3)]  # too long for the budget: alone
+    assert plan_chunks([4] * 5, 1000) == [(0, 5)]
+
+
+def test_bad_input_is_refused() -> None:
+    lm = lm_for("llama")
+    engine = Engine(lm)
+    with pytest.raises(SignalError, match="no signals"):
+        engine.logits([])
+    with pytest.raises(SignalError, match="item 1 is a list"):
+        engine.logits([Signal.from_ids([1, 2]), [1, 2]])  # type: ignore[list-item]
+    with pytest.raises(SignalError, match="wrap a single signal"):
+        engine.logits(Signal.from_ids([1, 2]))  # type: ignore[arg-type]
+    with pytest.raises(SignalError, match="token_ids must lie"):
+        engine.probs([Signal.from_ids([1, 2])], token_ids=[0, 500])
+    with pytest.raises(SignalError, match="max_batch_tokens"):
+        Engine(lm, max_batch_tokens=0)
