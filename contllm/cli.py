@@ -47,7 +47,9 @@ def build_config(experiment: str, options: dict[str, Any]) -> Any:
     kwargs: dict[str, Any] = {}
     if "range" in given:
         value = given.pop("range")
-        low, high = parse_range(value) if isinstance(value, str) else (float(value[0]), float(value[1]))
+        if isinstance(value, (list, tuple)) and len(value) == 2:
+            value = f"{value[0]},{value[1]}"
+        low, high = parse_range(str(value))
         kwargs["low"], kwargs["high"] = low, high
     for key in ("samples", "template", "chat"):
         if key in given:

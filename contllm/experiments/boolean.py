@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from contllm.data import BooleanTable, load_boolean
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Plan, sweep_values
-from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
 from contllm.interpolate import interpolate_spans
 from contllm.lm import ContinuousLM
 from contllm.readout import truth_values
@@ -57,6 +57,7 @@ class BooleanConfig:
             raise ExperimentError(f"alpha range must lie within 0,1 with min <= max, got {self.low},{self.high}")
         if self.method not in ("linear", "slerp"):
             raise ExperimentError(f"method must be 'linear' or 'slerp', got {self.method!r}")
+        check_template(self.resolved_template(), ("a", "op", "b"), required=("op",))
         if self.operators is not None:
             self.operators = tuple(self.operators)
             table = load_boolean()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from contllm.data import CountingItem
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Plan, sweep_values
-from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
 from contllm.lm import ContinuousLM
 from contllm.readout import digits
 from contllm.signal import Signal
@@ -58,6 +58,7 @@ class CountingConfig:
     def __post_init__(self) -> None:
         if self.low <= 0:
             raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
+        check_template(self.resolved_template(), FIELDS, required=("words",))
 
     def resolved_template(self) -> str:
         if self.template is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from contllm.data import EventItem
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Plan, sweep_values
-from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
 from contllm.lm import ContinuousLM
 from contllm.readout import digits
 from contllm.signal import Signal
@@ -19,6 +19,8 @@ from contllm.signal import Signal
 #: The passage, its question, and an answer prefix that a number completes.
 DEFAULT_TEMPLATE = "{events}\nQuestion: {question} Answer with a number.\n{answer_prefix}"
 CHAT_TEMPLATE = "{events}\n{question} Reply with a single digit."
+
+FIELDS = ("events", "question", "answer_prefix")
 
 
 @dataclass
@@ -43,6 +45,7 @@ class EventsConfig:
             raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
         if self.event < 0:
             raise ExperimentError(f"event must be 0 (all events) or a 1-based event number, got {self.event}")
+        check_template(self.resolved_template(), FIELDS, required=("events",))
 
     def resolved_template(self) -> str:
         if self.template is not None:
@@ -51,7 +54,7 @@ class EventsConfig:
 
 
 def render_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> Rendered:
-    values = {"events": list(item.events), "question": item.question, "answer_prefix": item.answer_prefix}
+    values = dict(zip(FIELDS, (list(item.events), item.question, item.answer_prefix)))
     rendered = render(config.resolved_template(), values, required=("events",))
     if config.chat:
         rendered = apply_chat(lm.tokenizer, rendered, reply_prefix=item.answer_prefix)

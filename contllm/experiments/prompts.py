@@ -41,6 +41,11 @@ def template_fields(template: str) -> list[str]:
     return names
 
 
+def check_template(template: str, fields: Sequence[str], required: Sequence[str]) -> None:
+    """Raise ExperimentError unless ``template`` uses only ``fields`` and every ``required`` one."""
+    render(template, {name: "x" for name in fields}, required=required)
+
+
 def render(template: str, values: Mapping[str, str | Sequence[str]], *, required: Sequence[str] = ()) -> Rendered:
     """Fill ``template``; a value that is a list of strings is joined by single spaces.
 
