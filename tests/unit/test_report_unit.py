@@ -1,0 +1,189 @@
+"""``contllm report`` on fake run directories (numpy results, no model): bad input and the files written."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from contllm.cli import app
+from contllm.errors import RunDirectoryError
+from contllm.experiments.base import ExperimentResult, Sweep
+from contllm.report import REPORT_FILES, write_report
+
+pytestmark = pytest.mark.unit
+
+runner = CliRunner()
+
+
+def one_line_error(result, needle: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
+    assert "Traceback" not in result.output
+
+
+def counting_result(model: str, x: np.ndarray) -> ExperimentResult:
+    """Digit curves peaked near n * c, as a model that counts time would give."""
+    sweeps = []
+    digits = np.arange(10)
+    for k, n in enumerate((2, 3, 4)):
+        logits = -((digits[None, :] - n * x[:, None]) ** 2)
+        probs = 0.9 * np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        meta = {"word": "apple", "n": n, "category": "fruit"}
+        sweeps.append(Sweep(f"count-{k:03d}", x, [str(d) for d in digits], probs, str(n), meta))
+    return ExperimentResult("counting", model, {"samples": len(x)}, sweeps, x_label="factor")
+
+
+def boolean_result(model: str) -> ExperimentResult:
+    x = np.linspace(0.0, 1.0, 5)
+    truth = {"AND": lambda a, b: a & b, "XOR": lambda a, b: a ^ b}
+    sweeps = []
+    for a, b in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        first, second = truth["AND"](a, b), truth["XOR"](a, b)
+        p1 = (1 - x) * (0.2 + 0.6 * first) + x * (0.2 + 0.6 * second)
+        probs = np.stack([0.9 - p1, p1, np.full_like(x, 0.05), np.full_like(x, 0.05)], axis=1)
+        meta = {"first": "AND", "second": "XOR", "a": a, "b": b, "truth_first": first,
+                "truth_second": second, "method": "linear"}
+        sweeps.append(Sweep(f"AND-XOR-{a}{b}", x, ["0", "1", "false", "true"], probs, None, meta))
+    return ExperimentResult("boolean", model, {"samples": 5}, sweeps, x_label="alpha")
+
+
+def fake_run(directory: Path, result: ExperimentResult, *, status: str = "finished") -> Path:
+    result.save(directory)
+    (directory / "config.json").write_text(json.dumps({"experiment": result.experiment, "model": result.model}))
+    manifest = {"model": result.model, "dtype": "float32", "status": status}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return directory
+
+
+@pytest.fixture
+def two_counting_runs(tmp_path: Path) -> list[Path]:
+    return [
+        fake_run(tmp_path / "a", counting_result("tiny-a", np.linspace(0.1, 1.0, 6))),
+        fake_run(tmp_path / "b", counting_result("tiny-b", np.sort(np.append(np.linspace(0.2, 1.5, 8), 1.0)))),
+    ]
+
+
+def report(*args: str):
+    return runner.invoke(app, ["report", *args])
+
+
+def test_not_a_run_directory(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    result = report(str(tmp_path / "empty"), "--out", str(tmp_path / "out"))
+    one_line_error(result, "is not a run directory (no config.json, manifest.json, results.json)")
+    assert "give directories written by 'contllm run'" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_results_and_missing_directory(tmp_path: Path, two_counting_runs: list[Path]) -> None:
+    (two_counting_runs[1] / "results.json").unlink()
+    result = report(*map(str, two_counting_runs), "--out", str(tmp_path / "out"))
+    one_line_error(result, f"{two_counting_runs[1]} is not a run directory (no results.json)")
+    one_line_error(report(str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")), "(it does not exist)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unfinished_run(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "half", counting_result("tiny-a", np.linspace(0.1, 1.0, 4)), status="running")
+    result = report(str(run), "--out", str(tmp_path / "out"))
+    one_line_error(result, f"{run} is an unfinished run (status 'running')")
+    assert f"'contllm run counting --out {run} --resume'" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_malformed_results(tmp_path: Path, two_counting_runs: list[Path]) -> None:
+    (two_counting_runs[0] / "results.json").write_text('{"experiment": "counting"')
+    one_line_error(report(*map(str, two_counting_runs), "--out", str(tmp_path / "out")), "cannot read results.json")
+    (two_counting_runs[0] / "results.json").write_text('{"experiment": "counting", "model": "m", "config": {}, "sweeps": []}')
+    one_line_error(report(*map(str, two_counting_runs), "--out", str(tmp_path / "out")), "results.json is malformed")
+
+
+def test_different_experiments_are_refused(tmp_path: Path, two_counting_runs: list[Path]) -> None:
+    boolean = fake_run(tmp_path / "bool", boolean_result("tiny-a"))
+    result = report(str(two_counting_runs[0]), str(boolean), "--out", str(tmp_path / "out"))
+    one_line_error(
+        result,
+        f"runs of different experiments cannot be compared: {two_counting_runs[0]} (counting), {boolean} (boolean); "
+        "give runs of one experiment",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_same_run_twice_is_refused(tmp_path: Path, two_counting_runs: list[Path]) -> None:
+    run = str(two_counting_runs[0])
+    one_line_error(report(run, run, "--out", str(tmp_path / "out")), "is given twice")
+
+
+def test_occupied_out_needs_force_and_keeps_other_files(tmp_path: Path, two_counting_runs: list[Path]) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    one_line_error(report(*map(str, two_counting_runs), "--out", str(out)), f"{out} already holds files; use --force")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+    forced = report(*map(str, two_counting_runs), "--out", str(out), "--force")
+    assert forced.exit_code == 0, forced.output
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in out.iterdir()) == sorted([*REPORT_FILES, "notes.txt"])
+
+
+def test_out_must_not_be_a_run(two_counting_runs: list[Path]) -> None:
+    run = str(two_counting_runs[0])
+    one_line_error(report(run, "--out", run, "--force"), "is one of the runs")
+
+
+def test_counting_report_files(tmp_path: Path, two_counting_runs: list[Path]) -> None:
+    out = tmp_path / "report"
+    result = report(*map(str, two_counting_runs), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert sorted(Path(line).name for line in result.stdout.splitlines()) == sorted(REPORT_FILES)
+
+    md = (out / "summary.md").read_text()
+    assert "tiny-a" in md and "tiny-b" in md and "| run | model | experiment | items |" in md
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert [r["model"] for r in rows] == ["tiny-a", "tiny-b"]
+    assert [r["items"] for r in rows] == ["3", "3"]
+    assert rows[1]["factor_max"] == "1.5" and rows[1]["samples"] == "9"
+    for row in rows:
+        assert 0.0 <= float(row["auc_observed_time_sensitivity"]) <= 1.0
+        assert float(row["mean_spearman_implied_vs_factor"]) > 0.9
+    assert (out / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "comparison.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_range_without_factor_one_gives_na(tmp_path: Path) -> None:
+    runs = [
+        fake_run(tmp_path / "a", counting_result("m", np.linspace(0.1, 1.0, 4))),
+        fake_run(tmp_path / "b", counting_result("m", np.linspace(0.1, 0.5, 4))),
+    ]
+    paths = write_report(runs, tmp_path / "out")
+    assert {p.name for p in paths} == set(REPORT_FILES)
+    rows = list(csv.DictReader((tmp_path / "out" / "summary.csv").open()))
+    assert rows[0]["accuracy_at_1"] != "" and rows[1]["accuracy_at_1"] == ""
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "n/a" in md
+    # The same model twice: the legend tells the runs apart by directory.
+    from contllm.report import load_runs
+
+    assert [r.label for r in load_runs(runs)] == ["m (a)", "m (b)"]
+
+
+def test_boolean_report(tmp_path: Path) -> None:
+    runs = [fake_run(tmp_path / name, boolean_result(name)) for name in ("tiny-a", "tiny-b")]
+    write_report(runs, tmp_path / "out")
+    rows = list(csv.DictReader((tmp_path / "out" / "summary.csv").open()))
+    assert [float(r["accuracy_at_alpha_0"]) for r in rows] == [1.0, 1.0]
+    assert [float(r["accuracy_at_alpha_1"]) for r in rows] == [1.0, 1.0]
+    assert (tmp_path / "out" / "comparison.png").stat().st_size > 10_000
+
+
+def test_no_runs() -> None:
+    with pytest.raises(RunDirectoryError, match="no run directories given"):
+        write_report([], Path("unused"))
