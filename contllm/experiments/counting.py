@@ -17,15 +17,15 @@ from contllm.lm import ContinuousLM
 from contllm.readout import digits
 from contllm.signal import Signal
 
-#: Few-shot completions. Measured on SmolLM2-135M (DESIGN.md section 3), small models count
-#: with this format and not with a zero-shot question. The shots use other words and
-#: counts 2, 5 and 3 so that no single count is primed.
-DEFAULT_TEMPLATE = (
-    '"cat cat" contains 2 words.\n'
-    '"dog dog dog dog dog" contains 5 words.\n'
-    '"sun sun sun" contains 3 words.\n'
-    '"{words}" contains '
+#: Few-shot completions: fifteen short words, each repeated 2 to 6 times (every count three
+#: times, in a shuffled order), then the item. Small models do not count with a zero-shot
+#: question (DESIGN.md section 3); with this format SmolLM2-135M's argmax count tracks the
+#: length of the repetition (see the README for the measured figures).
+SHOTS = (
+    ("cat", 4), ("dog", 3), ("sun", 3), ("box", 5), ("pen", 6), ("cup", 3), ("hat", 5), ("key", 5),
+    ("map", 2), ("bag", 6), ("car", 4), ("egg", 6), ("fan", 2), ("jar", 4), ("log", 2),
 )
+DEFAULT_TEMPLATE = "".join(f'"{" ".join([w] * n)}" contains {n} words.\n' for w, n in SHOTS) + '"{words}" contains '
 
 #: The paper's zero-shot question, kept for comparison and for larger instruct models.
 QUESTION_TEMPLATE = (
