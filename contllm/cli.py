@@ -121,6 +121,9 @@ def run_one(
     torch.manual_seed(seed)
     typer.echo(f"{'resuming' if run.resumed else 'writing'} {experiment} on {model} -> {run.path}", err=True)
     if lm is None:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # the run's own progress bar is the one to watch
         started = time.perf_counter()
         lm = load(model, device=device, dtype=dtype)
         typer.echo(f"loaded {lm!r} in {time.perf_counter() - started:.1f} s", err=True)

@@ -41,9 +41,8 @@ def item_figure(result: ExperimentResult, sweep: Sweep) -> Any:
     fig, ax = plt.subplots(figsize=(7.5, 4.5), constrained_layout=True)
     colors = plt.get_cmap("tab10")
     for j, label in enumerate(sweep.labels):
-        style = "-" if label != sweep.truth else "-"
         width = 2.6 if label == sweep.truth else 1.4
-        ax.plot(sweep.x, sweep.probs[:, j], style, lw=width, color=colors(j % 10), label=f"{label}")
+        ax.plot(sweep.x, sweep.probs[:, j], "-", lw=width, color=colors(j % 10), label=f"{label}")
     ax.set_xlabel(_x_name(result))
     ax.set_ylabel("probability")
     ax.set_ylim(-0.02, 1.02)

@@ -28,7 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from contllm.errors import RunDirectoryError
+from contllm.errors import ContllmError, RunDirectoryError
 from contllm.experiments.base import Sweep
 
 CONFIG = "config.json"
@@ -129,7 +129,7 @@ class RunDir:
         for path in sorted((self.path / ITEMS).glob("*.json")):
             try:
                 sweep = Sweep.from_dict(json.loads(path.read_text(encoding="utf-8")))
-            except (OSError, ValueError, Exception):  # a record that cannot be read is recomputed
+            except (OSError, ValueError, ContllmError):  # a record that cannot be read is recomputed
                 continue
             done[sweep.item_id] = sweep
         return done

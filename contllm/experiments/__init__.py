@@ -146,7 +146,7 @@ def summarize(result: ExperimentResult) -> dict[str, Any]:
     counting / events: accuracy of the argmax digit at factor 1, mean Spearman correlation
     of the implied count E[k] with the factor, and the areas under the observed and
     counterfactual time-sensitivity curves. boolean: truth-table accuracy at alpha 0 and 1
-    (argmax of 0 vs 1) and the mean smoothness of P(1).
+    (argmax of 0 vs 1) and the mean total variation and largest step of P(1).
     """
     sweeps = result.sweeps
     if not sweeps:
@@ -179,8 +179,10 @@ def summarize(result: ExperimentResult) -> dict[str, Any]:
             marks = [correct(s, at, key) for s in sweeps]
             if all(m is not None for m in marks):
                 out[name] = float(np.mean(marks))
-        tv = [metrics.smoothness(s.x, s.column("1")).lipschitz for s in sweeps if len(s.x) > 1]
-        out["mean_normalised_lipschitz_p1"] = float(np.mean(tv)) if tv else float("nan")
+        shapes = [metrics.smoothness(s.x, s.column("1")) for s in sweeps if len(s.x) > 1]
+        if shapes:
+            out["mean_total_variation_p1"] = float(np.mean([m.total_variation for m in shapes]))
+            out["mean_max_jump_p1"] = float(np.mean([m.max_jump for m in shapes]))
     return out
 
 

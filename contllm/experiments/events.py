@@ -16,8 +16,36 @@ from contllm.lm import ContinuousLM
 from contllm.readout import digits
 from contllm.signal import Signal
 
-#: The passage, its question, and an answer prefix that a number completes.
-DEFAULT_TEMPLATE = "{events}\nQuestion: {question} Answer with a number.\n{answer_prefix}"
+#: Worked examples (two stories, two tutorials; 2, 5, 3 and 6 events) in the item's own
+#: format, then the passage, its question and its answer prefix, so that a digit comes next.
+SHOTS = (
+    ("Tom woke up. He opened the curtains.", "How many actions did Tom take?", "Answer: Tom took", 2, "actions"),
+    (
+        "Fill the kettle. Boil the water. Put a tea bag in a cup. Pour the water. Wait a few minutes.",
+        "How many steps are in this tutorial?",
+        "Answer: There are",
+        5,
+        "steps",
+    ),
+    (
+        "Ines found her keys. She locked the door. She walked to the station.",
+        "How many actions did Ines take?",
+        "Answer: Ines took",
+        3,
+        "actions",
+    ),
+    (
+        "Sand the board. Wipe off the dust. Open the paint. Stir it well. Paint the board. Let it dry.",
+        "How many steps are in this tutorial?",
+        "Answer: There are",
+        6,
+        "steps",
+    ),
+)
+DEFAULT_TEMPLATE = (
+    "".join(f"{p}\nQuestion: {q}\n{a} {n} {unit}.\n\n" for p, q, a, n, unit in SHOTS)
+    + "{events}\nQuestion: {question}\n{answer_prefix} "
+)
 CHAT_TEMPLATE = "{events}\n{question} Reply with a single digit."
 
 FIELDS = ("events", "question", "answer_prefix")
