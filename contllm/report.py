@@ -45,7 +45,8 @@ DEFINITIONS = {
     "argmax_coverage": "share of counts 1..n that are the most probable digit at some factor",
     "accuracy_at_alpha_0": "truth-table accuracy (P(1) vs P(0)) of the first operator, at alpha 0",
     "accuracy_at_alpha_1": "truth-table accuracy of the second operator, at alpha 1",
-    "mean_normalised_lipschitz_p1": "largest slope of P(1) over alpha divided by its range, mean over items",
+    "mean_total_variation_p1": "total variation of P(1) over the alpha sweep, mean over items",
+    "mean_max_jump_p1": "largest change of P(1) between neighbouring alphas, mean over items",
 }
 
 
