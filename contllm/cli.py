@@ -133,6 +133,7 @@ def run_one(
     if done:
         typer.echo(f"{len(done)} items already finished; skipping them", err=True)
     engine = Engine(lm, max_batch_tokens=max_batch_tokens)
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     with Progress(
@@ -142,7 +143,7 @@ def run_one(
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         transient=False,
-        console=None,
+        console=Console(stderr=True),
     ) as bar:
         task = bar.add_task(experiment, total=None)
 

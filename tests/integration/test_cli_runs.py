@@ -1,0 +1,83 @@
+"""End-to-end runs of the command line on the default model, and resume after SIGKILL."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CONTLLM = [sys.executable, "-m", "contllm.cli"]
+
+
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([*CONTLLM, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_counting_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = run_cli("run", "counting", "--items", "3", "--samples", "4", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(out)
+    for name in ("config.json", "manifest.json", "results.json", "results.csv", "summary.json"):
+        assert (out / name).is_file(), name
+    for name in ("summary.png", "summary.pdf", "items/count-001.png", "items/count-003.pdf"):
+        assert (out / "figures" / name).stat().st_size > 1000, name
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and manifest["model"] == "smollm2-135m"
+    assert len(manifest["weights_sha256"]) == 64 and manifest["dtype"] == "float32"
+    assert manifest["versions"]["torch"] and manifest["started"] <= manifest["finished"]
+    rows = read_rows(out / "results.csv")
+    assert len(rows) == 3 * 4 * 10
+    assert {r["item"] for r in rows} == {"count-001", "count-002", "count-003"}
+    # Running again into the same directory is refused, and nothing is touched.
+    before = (out / "results.csv").read_bytes()
+    again = run_cli("run", "counting", "--items", "3", "--samples", "4", "--out", str(out))
+    assert again.returncode == 2 and again.stderr.strip().startswith("error: ")
+    assert (out / "results.csv").read_bytes() == before
+
+
+def test_a_killed_run_resumes_without_recomputing_or_duplicating(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["run", "counting", "--items", "10", "--samples", "6", "--out", str(out), "--no-item-figures"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([*CONTLLM, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    items = out / "items"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if items.is_dir() and len(list(items.glob("*.json"))) >= 3:
+            break
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before it could be killed: {proc.stderr.read().decode()[-500:]}")
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finished = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in items.glob("*.json")}
+    assert 3 <= len(finished) < 10
+    assert not (out / "results.csv").exists()
+
+    resumed = run_cli(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{len(finished)} items already finished" in resumed.stderr
+    for name, (mtime, content) in finished.items():
+        path = items / name
+        assert path.stat().st_mtime_ns == mtime and path.read_bytes() == content, name
+    rows = read_rows(out / "results.csv")
+    keys = [(r["item"], r["factor"], r["label"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 10 * 6 * 10
+    assert len({r["item"] for r in rows}) == 10
+    assert json.loads((out / "manifest.json").read_text())["status"] == "finished"
