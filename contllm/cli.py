@@ -119,7 +119,6 @@ def run_one(
     out = out or _default_out(experiment, model)
     run = RunDir(out, resolved, resume=resume, force=force)
     torch.manual_seed(seed)
-    typer.echo(f"{'resuming' if run.resumed else 'writing'} {experiment} on {model} -> {run.path}", err=True)
     if lm is None:
         from transformers.utils import logging as hf_logging
 
@@ -127,6 +126,8 @@ def run_one(
         started = time.perf_counter()
         lm = load(model, device=device, dtype=dtype)
         typer.echo(f"loaded {lm!r} in {time.perf_counter() - started:.1f} s", err=True)
+    run.open()
+    typer.echo(f"{'resuming' if run.resumed else 'writing'} {experiment} on {model} -> {run.path}", err=True)
     manifest = base_manifest(lm, model)
     run.write_manifest({**manifest, "status": "running"})
     done = run.finished() if run.resumed else {}

@@ -62,8 +62,8 @@ def now() -> str:
 
 
 def is_run_dir(path: str | Path) -> bool:
-    path = Path(path)
-    return (path / CONFIG).is_file() and (path / MANIFEST).is_file()
+    """Whether ``path`` was written by a run (it holds a config.json)."""
+    return (Path(path) / CONFIG).is_file()
 
 
 def _read_json(path: Path) -> Any:
@@ -87,36 +87,44 @@ class RunDir:
         self.path = Path(out)
         self.config = config
         self.resumed = False
+        self._replace = False
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"{self.path} exists and is not a directory")
         occupied = self.path.is_dir() and any(self.path.iterdir())
-        if occupied:
-            if resume:
-                if not is_run_dir(self.path):
-                    raise RunDirectoryError(f"cannot resume: {self.path} is not a run directory (no {CONFIG})")
-                previous = _read_json(self.path / CONFIG)
-                if previous != config:
-                    changed = sorted(
-                        k for k in set(previous) | set(config) if previous.get(k) != config.get(k)
-                    )
-                    raise RunDirectoryError(
-                        f"cannot resume {self.path}: its config differs in {', '.join(changed)}; "
-                        "use the same options, or --force to start over"
-                    )
-                self.resumed = True
-            elif force:
-                if not is_run_dir(self.path):
-                    raise RunDirectoryError(
-                        f"refusing to replace {self.path}: it is not empty and not a run directory"
-                    )
-                shutil.rmtree(self.path)
-            else:
+        if not occupied:
+            return
+        if resume:
+            if not is_run_dir(self.path):
+                raise RunDirectoryError(f"cannot resume: {self.path} is not a run directory (no {CONFIG})")
+            previous = _read_json(self.path / CONFIG)
+            if previous != config:
+                changed = sorted(k for k in set(previous) | set(config) if previous.get(k) != config.get(k))
                 raise RunDirectoryError(
-                    f"{self.path} already holds files; use --resume to continue it or --force to replace it"
+                    f"cannot resume {self.path}: its config differs in {', '.join(changed)}; "
+                    "use the same options, or --force to start over"
                 )
+            self.resumed = True
+        elif force:
+            if not is_run_dir(self.path):
+                raise RunDirectoryError(f"refusing to replace {self.path}: it is not empty and not a run directory")
+            self._replace = True
+        else:
+            raise RunDirectoryError(
+                f"{self.path} already holds files; use --resume to continue it or --force to replace it"
+            )
+
+    def open(self) -> RunDir:
+        """Create the directory (replacing a previous run with --force) and write the config.
+
+        Kept apart from the checks in the constructor so that a run can fail early (a
+        model that does not load) without touching anything on disk.
+        """
+        if self._replace:
+            shutil.rmtree(self.path)
         (self.path / ITEMS).mkdir(parents=True, exist_ok=True)
         if not self.resumed:
-            atomic_write_json(self.path / CONFIG, config)
+            atomic_write_json(self.path / CONFIG, self.config)
+        return self
 
     # ------------------------------------------------------------------ items
     def item_path(self, item_id: str) -> Path:

@@ -109,3 +109,16 @@ def test_help_texts_describe_every_option() -> None:
                    "--out", "--resume", "--force", "--chat", "--seed"):
         assert option in result.output
     assert invoke("models", "--help").exit_code == 0
+
+
+def test_a_model_that_does_not_load_leaves_nothing_behind(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    one_line_error(
+        invoke("run", "counting", "--model", "no-such-model", "--out", str(out)),
+        "unknown model 'no-such-model'",
+    )
+    assert not out.exists()
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    one_line_error(invoke("run", "counting", "--model", str(empty), "--out", str(out)), "missing config.json")
+    assert not out.exists()
