@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -55,6 +55,39 @@ def parse_range(text: str) -> tuple[float, float]:
     if low > high:
         raise ExperimentError(f"range min {low} is larger than max {high}")
     return low, high
+
+
+@dataclass
+class DurationSweepConfig:
+    """Options shared by the experiments that scale durations (counting, events).
+
+    template: the prompt (None: the experiment's default, or its chat default with chat).
+    low, high, samples: the duration factors, evenly spaced (1.0 added when inside).
+    chat: wrap the prompt in the model's chat template (instruct models).
+    """
+
+    DEFAULT_TEMPLATE: ClassVar[str] = ""
+    CHAT_TEMPLATE: ClassVar[str] = ""
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+    REQUIRED: ClassVar[tuple[str, ...]] = ()
+
+    template: str | None = None
+    low: float = 0.1
+    high: float = 1.0
+    samples: int = 20
+    chat: bool = False
+
+    def __post_init__(self) -> None:
+        from contllm.experiments.prompts import check_template
+
+        if self.low <= 0:
+            raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
+        check_template(self.resolved_template(), self.FIELDS, required=self.REQUIRED)
+
+    def resolved_template(self) -> str:
+        if self.template is not None:
+            return self.template
+        return self.CHAT_TEMPLATE if self.chat else self.DEFAULT_TEMPLATE
 
 
 @dataclass

@@ -8,11 +8,11 @@ numbers ("four 0.75-apples are about three apples").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from contllm.data import CountingItem
-from contllm.errors import ExperimentError
-from contllm.experiments.base import Plan, sweep_values
-from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
+from contllm.experiments.base import DurationSweepConfig, Plan, sweep_values
+from contllm.experiments.prompts import Rendered, apply_chat, render
 from contllm.lm import ContinuousLM
 from contllm.readout import digits
 from contllm.signal import Signal
@@ -40,7 +40,7 @@ FIELDS = ("words", "word", "article", "category")
 
 
 @dataclass
-class CountingConfig:
+class CountingConfig(DurationSweepConfig):
     """Options of the counting experiment.
 
     template: prompt with a {words} field (the repeated word) and optionally {word},
@@ -49,21 +49,10 @@ class CountingConfig:
     chat: wrap the prompt in the model's chat template (instruct models).
     """
 
-    template: str | None = None
-    low: float = 0.1
-    high: float = 1.0
-    samples: int = 20
-    chat: bool = False
-
-    def __post_init__(self) -> None:
-        if self.low <= 0:
-            raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
-        check_template(self.resolved_template(), FIELDS, required=("words",))
-
-    def resolved_template(self) -> str:
-        if self.template is not None:
-            return self.template
-        return CHAT_TEMPLATE if self.chat else DEFAULT_TEMPLATE
+    DEFAULT_TEMPLATE: ClassVar[str] = DEFAULT_TEMPLATE
+    CHAT_TEMPLATE: ClassVar[str] = CHAT_TEMPLATE
+    FIELDS: ClassVar[tuple[str, ...]] = FIELDS
+    REQUIRED: ClassVar[tuple[str, ...]] = ("words",)
 
 
 def render_item(lm: ContinuousLM, item: CountingItem, config: CountingConfig) -> Rendered:

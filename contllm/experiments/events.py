@@ -7,11 +7,12 @@ action"); the digits 0-9 after the answer prefix are read out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from contllm.data import EventItem
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Plan, sweep_values
-from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
+from contllm.experiments.base import DurationSweepConfig, Plan, sweep_values
+from contllm.experiments.prompts import Rendered, apply_chat, render
 from contllm.lm import ContinuousLM
 from contllm.readout import digits
 from contllm.signal import Signal
@@ -52,33 +53,26 @@ FIELDS = ("events", "question", "answer_prefix")
 
 
 @dataclass
-class EventsConfig:
+class EventsConfig(DurationSweepConfig):
     """Options of the event-duration experiment.
 
     template: prompt with an {events} field (the passage, one span per event) and
         optionally {question} and {answer_prefix}; None picks the default.
-    event: 0 scales every event together; k in 1..n scales only the k-th event.
     low, high, samples: the duration factors; chat: use the model's chat template.
+    event: 0 scales every event together; k in 1..n scales only the k-th event.
     """
 
-    template: str | None = None
+    DEFAULT_TEMPLATE: ClassVar[str] = DEFAULT_TEMPLATE
+    CHAT_TEMPLATE: ClassVar[str] = CHAT_TEMPLATE
+    FIELDS: ClassVar[tuple[str, ...]] = FIELDS
+    REQUIRED: ClassVar[tuple[str, ...]] = ("events",)
+
     event: int = 0
-    low: float = 0.1
-    high: float = 1.0
-    samples: int = 20
-    chat: bool = False
 
     def __post_init__(self) -> None:
-        if self.low <= 0:
-            raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
         if self.event < 0:
             raise ExperimentError(f"event must be 0 (all events) or a 1-based event number, got {self.event}")
-        check_template(self.resolved_template(), FIELDS, required=("events",))
-
-    def resolved_template(self) -> str:
-        if self.template is not None:
-            return self.template
-        return CHAT_TEMPLATE if self.chat else DEFAULT_TEMPLATE
+        super().__post_init__()
 
 
 def render_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> Rendered:
