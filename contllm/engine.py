@@ -15,14 +15,13 @@ attention), and the time mask spans prefix and new keys alike.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.lm import Context, ContinuousLM
@@ -37,6 +36,8 @@ CPU_BATCH_TOKENS = 8192
 _ACCELERATOR_MEMORY_SHARE = 0.5
 #: Key width assumed when estimating the attention scores of one token on an accelerator.
 _ASSUMED_KEY_WIDTH = 512
+#: Largest float32 block of the vocabulary projection cast at once by the float32 read-out.
+_HEAD_BLOCK_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -199,9 +200,16 @@ class _Prefix:
         return length == self.length and _same_tokens([self.source, signal], length, lm).all().item()
 
     def repeated(self, rows: int) -> Context:
-        """A fresh context holding this prefix ``rows`` times; the original stays untouched for reuse."""
-        cache = copy.deepcopy(self.context.cache)
-        cache.batch_repeat_interleave(rows)
+        """A fresh context holding this prefix ``rows`` times; the original stays untouched for reuse.
+
+        Each layer of the new cache starts from a broadcast view of the prefix keys: the
+        first update concatenates the new keys to it, which is the only copy needed (a
+        repeated cache would be copied twice).
+        """
+        cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in self.context.cache.layers])
+        for layer in cache.layers:
+            layer.keys = layer.keys.expand(rows, -1, -1, -1)
+            layer.values = layer.values.expand(rows, -1, -1, -1)
         times = self.context.times.expand(rows, -1)
         durations = self.context.durations.expand(rows, -1)
         return Context(cache, times, durations)
@@ -209,15 +217,26 @@ class _Prefix:
 
 # ---------------------------------------------------------------------- helpers
 class _Float32Head(nn.Module):
-    """A vocabulary projection computed in float32 from a half-precision hidden state."""
+    """A vocabulary projection computed in float32 from a half-precision hidden state.
+
+    The weight is cast block by block (at most :data:`_HEAD_BLOCK_BYTES` in float32 at
+    a time), so no float32 copy of a large vocabulary is ever held.
+    """
 
     def __init__(self, head: nn.Linear) -> None:
         super().__init__()
-        self.weight = head.weight.detach().float()
-        self.bias = None if head.bias is None else head.bias.detach().float()
+        self.head = head
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(hidden.float(), self.weight, self.bias)
+        weight, bias = self.head.weight, self.head.bias
+        vocab, width = weight.shape
+        block = max(1, _HEAD_BLOCK_BYTES // (4 * width))
+        h = hidden.float()
+        out = torch.empty(*h.shape[:-1], vocab, dtype=torch.float32, device=h.device)
+        for lo in range(0, vocab, block):
+            hi = min(lo + block, vocab)
+            out[..., lo:hi] = nn.functional.linear(h, weight[lo:hi].float(), None if bias is None else bias[lo:hi].float())
+        return out
 
 
 @contextmanager
@@ -226,8 +245,9 @@ def _float32_readout(model: nn.Module) -> Iterator[None]:
 
     In bfloat16 a logit near 20 is rounded to a multiple of 0.125, which moves a
     probability of 0.4 by up to 0.03; the hidden state holds more than that. Only the
-    read positions are projected, so the float32 head costs one cast of its weight per
-    call. A float32 model, or a head that is not a plain Linear, is left as it is.
+    read positions are projected, so the float32 head costs little more than one cast
+    of its weight per forward. A float32 model, or a head that is not a plain Linear, is
+    left as it is.
     """
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear) or head.weight.dtype == torch.float32:
