@@ -1,0 +1,387 @@
+"""Sweep benchmark: the per-sample loop against :class:`contllm.engine.Engine`, in one run.
+
+Usage:
+    python benchmarks/sweep.py --model smollm2-135m --samples 100 --repeats 3
+
+Workloads, on one model and one set of prompts:
+  counting  a few-shot counting prompt (~30 tokens); the four "apple" occurrences of its
+            last line scaled by c in [0.1, 1.0] (``--samples`` factors).
+  events    a passage of >= 120 tokens; every event sentence (the first starts >= 30
+            tokens in) scaled by c in [0.1, 1.0].
+  events-last  the same passage with only its last event scaled: a long shared prefix.
+  bf16      the engine in bfloat16 against the engine in float32 on both sweeps.
+
+For each sweep it times (a) the per-sample loop the research code runs - one full
+forward per sample, logits at every position, a mask built per sample - and (b) the
+engine (batched, chunked, shared prefix through the KV cache, last-position logits),
+and prints samples/s, the ratio, agreement (max abs difference of the next-token
+probabilities at the last token), peak memory and FLOP efficiency.
+
+FLOP efficiency = useful FLOPs of the engine / engine time / dense matmul rate.
+  useful FLOPs: 2 x (weights of every Linear in the decoder layers) per real token the
+    engine computed (each computed prefix once plus every signal's tokens after it;
+    padding is not counted), + 2 x vocab x hidden per read position (one per signal),
+    + attention 4 x heads x head_dim per (query, visible key) pair in every layer, a
+    query at index i of its signal seeing i + 1 keys.
+  dense matmul rate: the best of ``torch.mm`` of float32 [T, hidden] x [hidden,
+    intermediate] with T the engine's largest chunk in tokens and T = 4096, timed in
+    this run with the same thread count.
+Peak memory is the process's peak resident set size, model weights included (VmHWM,
+reset per phase through /proc/self/clear_refs after returning freed heap with
+malloc_trim, where the kernel allows it; otherwise getrusage's lifetime peak). Timings
+are medians over ``--repeats``, the runs of one comparison interleaved.
+
+On a machine shared with other busy processes, OpenMP's spinning workers make every
+small parallel op wait for a descheduled thread (a 400k-element multiply goes from
+0.2 ms to 8 ms); run with ``OMP_WAIT_POLICY=PASSIVE`` there. The script prints the
+load average and the setting next to its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import platform
+import resource
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from contllm import ContinuousLM, Signal, pad_signals
+from contllm.engine import Engine, EngineStats
+
+COUNTING_PROMPT = (
+    '"cat cat" contains 2 words.\n'
+    '"dog dog dog" contains 3 words.\n'
+    '"apple apple apple apple" contains '
+)
+
+EVENTS_INTRO = (
+    "On a grey Saturday morning in early spring, long before the neighbours were awake, "
+    "Mara decided, over a cup of tea, that the day would be spent putting her small flat back in order, "
+    "one small task after another. "
+)
+EVENTS = (
+    "She opened every window in the kitchen.",
+    "She watered the tall plants on the sill.",
+    "She fed the old cat its breakfast.",
+    "She swept the dusty floor of the hallway.",
+    "She folded the laundry from the night before.",
+    "She wrote a letter to her brother in Lisbon.",
+    "She carried the empty bottles down to the street.",
+)
+EVENTS_QUESTION = " Question: How many actions did Mara take?\nAnswer: Mara took"
+
+
+@dataclass
+class Workload:
+    name: str
+    signals: list[Signal]
+    edit_start: int  # index of the first edited token
+
+
+@dataclass
+class Timing:
+    seconds: float
+    peak_rss_mb: float
+
+
+# ---------------------------------------------------------------------- loading
+def load_lm(name: str, dtype: torch.dtype) -> ContinuousLM:
+    """The model through ``contllm.load`` (embedded alias, local directory or hub id)."""
+    import contllm
+
+    return contllm.load(name, dtype=dtype, device="cpu")
+
+
+# ---------------------------------------------------------------------- workloads
+def counting_workload(lm: ContinuousLM, factors: Sequence[float]) -> Workload:
+    base = lm.signal(COUNTING_PROMPT)
+    last_line = COUNTING_PROMPT.rindex('"apple')
+    spans = [s for s in base.find("apple") if s[0] >= last_line]
+    start = min(base.token_indices(spans))
+    return Workload("counting", [base.scale(spans, c) for c in factors], start)
+
+
+def events_workload(lm: ContinuousLM, factors: Sequence[float], *, last_only: bool = False) -> Workload:
+    """Every event scaled by c ("events"), or the last event alone ("events-last")."""
+    text = EVENTS_INTRO + " ".join(EVENTS) + EVENTS_QUESTION
+    base = lm.signal(text)
+    spans = []
+    for event in EVENTS[-1:] if last_only else EVENTS:
+        at = text.index(event)
+        spans.append((at, at + len(event)))
+    start = min(base.token_indices(spans))
+    return Workload("events-last" if last_only else "events", [base.scale(spans, c) for c in factors], start)
+
+
+WORKLOADS: dict[str, Callable[[ContinuousLM, Sequence[float]], Workload]] = {
+    "counting": counting_workload,
+    "events": events_workload,
+    "events-last": lambda lm, factors: events_workload(lm, factors, last_only=True),
+}
+
+
+# ---------------------------------------------------------------------- measuring
+def _reset_peak_rss() -> bool:
+    """Return freed heap to the system, then restart the peak RSS count from the current RSS."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mb() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(runs: dict[str, Callable[[], Any]], repeats: int) -> dict[str, tuple[Any, Timing]]:
+    """Time each of ``runs`` ``repeats`` times, interleaved so that a change in the load of a
+    shared machine hits all of them alike; per run its last result, median time and peak RSS.
+    """
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    peaks: dict[str, float] = {name: 0.0 for name in runs}
+    results: dict[str, Any] = {}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            _reset_peak_rss()
+            start = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - start)
+            peaks[name] = max(peaks[name], _peak_rss_mb())
+    return {name: (results[name], Timing(statistics.median(times[name]), peaks[name])) for name in runs}
+
+
+def per_sample_loop(lm: ContinuousLM, signals: Sequence[Signal]) -> torch.Tensor:
+    """The research code's loop: one full forward per sample, logits at every position."""
+    out = []
+    with lm.patched():
+        for s in signals:
+            logits, _ = lm.forward_batch(pad_signals([s]), logits_to_keep=0)
+            out.append(torch.softmax(logits[0, -1].float(), dim=-1))
+    return torch.stack(out)
+
+
+def matmul_rate(tokens: int, hidden: int, intermediate: int, repeats: int = 5) -> float:
+    """FLOP/s of a float32 [tokens, hidden] x [hidden, intermediate] ``torch.mm``, best of ``repeats``."""
+    a = torch.randn(tokens, hidden)
+    b = torch.randn(hidden, intermediate)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(10):
+            torch.mm(a, b)
+        best = min(best, (time.perf_counter() - start) / 10)
+    return 2 * tokens * hidden * intermediate / best
+
+
+def linear_weights(model: torch.nn.Module) -> int:
+    """Weights of every Linear (or GPT-2 Conv1D) in the decoder, the output projection excluded."""
+    output = model.get_output_embeddings()
+    total = 0
+    for module in model.modules():
+        if module is output:
+            continue
+        weight = getattr(module, "weight", None)
+        if weight is not None and weight.ndim == 2 and not isinstance(module, torch.nn.Embedding):
+            total += weight.numel()
+    return total
+
+
+def engine_flops(lm: ContinuousLM, stats: EngineStats) -> float:
+    config = lm.model.config.get_text_config()
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    layers = int(config.num_hidden_layers)
+    weights = linear_weights(lm.model)
+    vocab_proj = int(config.vocab_size) * int(config.hidden_size)
+    flops = 0.0
+    for chunk in stats.chunks:
+        p = chunk.prefix_len
+        if chunk.prefix_computed:
+            flops += 2 * weights * p + 4 * heads * head_dim * layers * (p * (p + 1) / 2)
+        for rest in chunk.lengths:
+            n = p + rest
+            visible_keys = n * (n + 1) / 2 - p * (p + 1) / 2  # queries at indices p..n-1 see i + 1 keys
+            flops += 2 * weights * rest + 4 * heads * head_dim * layers * visible_keys + 2 * vocab_proj
+    return flops
+
+
+def loop_flops(lm: ContinuousLM, signals: Sequence[Signal]) -> float:
+    """FLOPs of the per-sample loop by the same count: every token, logits at every position."""
+    config = lm.model.config.get_text_config()
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    per_token = 2 * linear_weights(lm.model) + 2 * int(config.vocab_size) * int(config.hidden_size)
+    attention = 4 * heads * head_dim * int(config.num_hidden_layers)
+    return sum(per_token * len(s) + attention * len(s) * (len(s) + 1) / 2 for s in signals)
+
+
+def agreement(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+# ---------------------------------------------------------------------- report
+def compare(lm: ContinuousLM, work: Workload, repeats: int) -> dict[str, Any]:
+    """Per-sample loop, engine and dense matmul, timed interleaved on ``work``."""
+    engine = Engine(lm)
+    engine.logits(work.signals[:2])  # warm-up: first-call allocations and kernel choices
+    engine.probs(work.signals)
+    stats = engine.last_stats
+    assert stats is not None
+    config = lm.model.config.get_text_config()
+    biggest = max(c.prefix_len * c.prefix_computed + sum(c.lengths) for c in stats.chunks)
+    rates: list[float] = []
+
+    def dense() -> None:
+        rates.append(
+            max(
+                matmul_rate(max(biggest, 256), config.hidden_size, config.intermediate_size),
+                matmul_rate(4096, config.hidden_size, config.intermediate_size),
+            )
+        )
+
+    runs = measure(
+        {"loop": lambda: per_sample_loop(lm, work.signals), "engine": lambda: engine.probs(work.signals), "dense": dense},
+        repeats,
+    )
+    (loop_probs, loop_t), (engine_probs, engine_t) = runs["loop"], runs["engine"]
+    rate = statistics.median(rates)
+    flops = engine_flops(lm, stats)
+    return {
+        "name": work.name,
+        "n": len(work.signals),
+        "tokens": len(work.signals[0]),
+        "edit_start": work.edit_start,
+        "stats": stats,
+        "loop": loop_t,
+        "engine": engine_t,
+        "ratio": loop_t.seconds / engine_t.seconds,
+        "agreement": agreement(loop_probs, engine_probs),
+        "efficiency": flops / engine_t.seconds / rate,
+        "flop_ratio": loop_flops(lm, work.signals) / flops,
+        "loop_gflops": loop_flops(lm, work.signals) / loop_t.seconds / 1e9,
+        "engine_gflops": flops / engine_t.seconds / 1e9,
+        "rate_gflops": rate / 1e9,
+    }
+
+
+def compare_dtypes(fp32: ContinuousLM, bf16: ContinuousLM, works: Sequence[Workload], repeats: int) -> list[str]:
+    """The engine in bfloat16 against the engine in float32 on the same signals, timed interleaved.
+
+    For scale, the bf16 model is also run the plain way (``lm.probs``, one signal at a
+    time, logits in bf16): its distance to float32 is the model's own bf16 error.
+    """
+    lines = []
+    engines = {"fp32": Engine(fp32), "bf16": Engine(bf16)}
+    for work in works:
+        for engine in engines.values():
+            engine.logits(work.signals[:2])
+        runs = measure({name: (lambda e=e: e.probs(work.signals)) for name, e in engines.items()}, repeats)
+        (p32, t32), (p16, t16) = runs["fp32"], runs["bf16"]
+        plain = bf16.probs(work.signals, batch_size=1)
+        n = len(work.signals)
+        lines.append(
+            f"  {work.name:11s}: fp32 {n / t32.seconds:6.1f} samples/s, bf16 {n / t16.seconds:6.1f} samples/s, "
+            f"bf16 speed-up {t32.seconds / t16.seconds:.2f}x, agreement (max |dp|) {agreement(p16, p32):.2e} "
+            f"(bf16 model run plainly: {agreement(plain, p32):.2e}), "  # type: ignore[arg-type]
+            f"peak RSS {t16.peak_rss_mb:.0f} MB (bf16) / {t32.peak_rss_mb:.0f} MB (fp32)"
+        )
+    return lines
+
+
+def print_comparison(r: dict[str, Any]) -> None:
+    stats: EngineStats = r["stats"]
+    n = r["n"]
+    print(f"\n[{r['name']}] {n} samples x {r['tokens']} tokens, first edited token at {r['edit_start']}")
+    print(f"  engine chunks: {len(stats.chunks)}, rows {[c.rows for c in stats.chunks]}, prefix {list(stats.prefix_lens)}")
+    print(f"  per-sample loop : {n / r['loop'].seconds:8.1f} samples/s  ({r['loop'].seconds:.2f} s, peak RSS {r['loop'].peak_rss_mb:.0f} MB)")
+    print(f"  engine          : {n / r['engine'].seconds:8.1f} samples/s  ({r['engine'].seconds:.2f} s, peak RSS {r['engine'].peak_rss_mb:.0f} MB)")
+    print(f"  speed-up        : {r['ratio']:.2f}x   agreement (max |dp|): {r['agreement']:.2e}")
+    print(
+        f"  (speed-up = FLOP ratio {r['flop_ratio']:.2f} x rate ratio {r['ratio'] / r['flop_ratio']:.2f}; "
+        f"the loop runs at {r['loop_gflops']:.1f} GFLOP/s)"
+    )
+    print(
+        f"  FLOP efficiency : {100 * r['efficiency']:.0f}%  "
+        f"({r['engine_gflops']:.1f} useful GFLOP/s over dense fp32 mm {r['rate_gflops']:.1f} GFLOP/s)"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m", help="alias, local directory or hub id")
+    parser.add_argument("--samples", type=int, default=100, help="factors per sweep")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype of the loop-vs-engine comparison"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--workloads", default="counting,events,events-last", help=f"comma-separated, from {', '.join(WORKLOADS)}"
+    )
+    parser.add_argument("--no-bf16", action="store_true", help="skip the bf16-vs-fp32 engine comparison")
+    args = parser.parse_args(argv)
+    unknown = set(args.workloads.split(",")) - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workloads {sorted(unknown)}; choose from {', '.join(WORKLOADS)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    factors = torch.linspace(0.1, 1.0, args.samples).tolist()
+
+    cpu = _cpu_name()
+    print(f"machine: {cpu}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    print(
+        f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}"
+    )
+    if os.getloadavg()[0] >= (os.cpu_count() or 1) and "OMP_WAIT_POLICY" not in os.environ:
+        print("note: the machine is busy with other processes; OMP_WAIT_POLICY=PASSIVE gives steadier figures")
+    start = time.perf_counter()
+    lm = load_lm(args.model, dtype)
+    print(f"model: {lm!r} loaded in {time.perf_counter() - start:.1f} s; {linear_weights(lm.model) / 1e6:.1f}M decoder weights")
+
+    workloads = [WORKLOADS[name](lm, factors) for name in args.workloads.split(",")]
+    for work in workloads:
+        print_comparison(compare(lm, work, args.repeats))
+
+    if not args.no_bf16:
+        other = load_lm(args.model, torch.bfloat16 if dtype == torch.float32 else torch.float32)
+        fp32, bf16 = (lm, other) if dtype == torch.float32 else (other, lm)
+        print("\n[bf16 vs fp32 engine]")
+        for line in compare_dtypes(fp32, bf16, workloads, args.repeats):
+            print(line)
+    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()
