@@ -184,7 +184,9 @@ class _Prefix:
     @classmethod
     def compute(cls, lm: ContinuousLM, source: Signal, length: int) -> _Prefix:
         head = _slice(source, 0, length)
-        _, context = lm.forward_batch(pad_signals([head]), logits_to_keep=1, use_cache=True)
+        # No position of the prefix is read: project none of them onto the vocabulary.
+        no_columns = torch.empty(0, dtype=torch.long, device=lm.device)
+        _, context = lm.forward_batch(pad_signals([head]), logits_to_keep=no_columns, use_cache=True)
         assert context is not None
         for index, layer in enumerate(context.cache.layers):
             kept = layer.get_seq_length()
@@ -233,6 +235,8 @@ class _Float32Head(nn.Module):
         block = max(1, _HEAD_BLOCK_BYTES // (4 * width))
         h = hidden.float()
         out = torch.empty(*h.shape[:-1], vocab, dtype=torch.float32, device=h.device)
+        if out.numel() == 0:
+            return out
         for lo in range(0, vocab, block):
             hi = min(lo + block, vocab)
             out[..., lo:hi] = nn.functional.linear(h, weight[lo:hi].float(), None if bias is None else bias[lo:hi].float())
