@@ -176,7 +176,7 @@ def run_one(
 
 @app.command()
 def run(
-    target: str = typer.Argument(..., help="An experiment (counting, events, boolean) or a spec file (.toml)."),
+    target: str = typer.Argument(..., help="An experiment (counting, events, boolean, depth) or a spec file (.toml)."),
     model: Optional[str] = typer.Option(
         None, "--model", "-m", help="Embedded alias (smollm2-135m, gemma3-270m), Hugging Face id or local directory. [default: smollm2-135m]"
     ),
@@ -205,8 +205,17 @@ def run(
     operators: Optional[str] = typer.Option(None, help="boolean: comma-separated operators to pair, e.g. AND,XOR."),
     method: Optional[str] = typer.Option(None, help="boolean: linear or slerp interpolation. [default: linear]"),
     item_figures: bool = typer.Option(True, "--item-figures/--no-item-figures", help="Also draw one figure per item."),
+    layer: Optional[str] = typer.Option(
+        None, "--layer", help="depth: layers of the single-layer probes, comma-separated, negative from the end. [default: first, 1/4, 1/2, 3/4, last]"
+    ),
+    eps: Optional[str] = typer.Option(
+        None, "--eps", help="depth: perturbation sizes relative to ||h||, comma-separated, > 0. [default: 1e-3,1e-2,1e-1]"
+    ),
+    alphas: Optional[str] = typer.Option(
+        None, "--alphas", help="depth: update scales alpha in [0, 2], comma-separated (1 is always added). [default: 0,0.25,...,2]"
+    ),
 ) -> None:
-    """Run an experiment (or a spec of several) and write a run directory.
+    """Run an experiment (counting, events, boolean, depth) or a spec of several, and write a run directory.
 
     The directory holds config.json, manifest.json, results.json, results.csv,
     summary.json and figures/ (PNG and PDF). Examples:
@@ -238,10 +247,24 @@ def run(
 
             run_spec(Path(target), out=out, resume=resume, force=force, device=device, dtype=dtype)
             return
+        if target == "depth":
+            from contllm.depth import run_depth_command
+
+            path = run_depth_command(
+                model=model or "smollm2-135m", device=device, dtype=dtype, items=items, out=out,
+                resume=resume, force=force, seed=seed, item_figures=item_figures,
+                layer=layer, eps=eps, alphas=alphas,
+                unused={**config_options, "batch_size": batch_size, "max_batch_tokens": max_batch_tokens},
+                echo=lambda message: typer.echo(message, err=True),
+            )
+            typer.echo(str(path))
+            return
         if target not in EXPERIMENT_NAMES:
             raise ExperimentError(
-                f"unknown experiment {target!r}; known experiments: {', '.join(EXPERIMENT_NAMES)} (or a .toml spec)"
+                f"unknown experiment {target!r}; known experiments: {', '.join(EXPERIMENT_NAMES)}, depth (or a .toml spec)"
             )
+        if layer is not None or eps is not None or alphas is not None:
+            raise ExperimentError(f"--layer, --eps and --alphas apply to the depth experiment only, not {target}")
         budget = max_batch_tokens
         if batch_size is not None and budget is None:
             budget = batch_size * 256
