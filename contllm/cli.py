@@ -96,6 +96,7 @@ def run_one(
     item_figures: bool,
     config_options: dict[str, Any],
     lm: Any = None,
+    batch_size: Optional[int] = None,
 ) -> Path:
     """Run one experiment on one model into a run directory; returns its path."""
     import torch
@@ -156,7 +157,7 @@ def run_one(
             experiment,
             config,
             items=items,
-            evaluate=lambda signals: engine.probs(signals),
+            evaluate=lambda signals: _in_batches(engine, signals, batch_size),
             skip=done,
             on_sweep=run.save_sweep,
             progress=progress,
@@ -172,6 +173,15 @@ def run_one(
             typer.echo(f"  {key}: {value:.3f}", err=True)
     typer.echo(str(run.path))
     return run.path
+
+
+def _in_batches(engine: Any, signals: list, batch_size: Optional[int]) -> Any:
+    """Engine probabilities, at most ``batch_size`` signals per engine call (None: no cap)."""
+    import torch
+
+    if batch_size is None or len(signals) <= batch_size:
+        return engine.probs(signals)
+    return torch.cat([engine.probs(signals[i : i + batch_size]) for i in range(0, len(signals), batch_size)])
 
 
 @app.command()
@@ -265,9 +275,6 @@ def run(
             )
         if layer is not None or eps is not None or alphas is not None:
             raise ExperimentError(f"--layer, --eps and --alphas apply to the depth experiment only, not {target}")
-        budget = max_batch_tokens
-        if batch_size is not None and budget is None:
-            budget = batch_size * 256
         run_one(
             target,
             model=model or "smollm2-135m",
@@ -278,7 +285,8 @@ def run(
             resume=resume,
             force=force,
             seed=seed,
-            max_batch_tokens=budget,
+            max_batch_tokens=max_batch_tokens,
+            batch_size=batch_size,
             item_figures=item_figures,
             config_options={k: v for k, v in config_options.items() if v is not None},
         )
