@@ -1,7 +1,7 @@
 """Sweep benchmark: the per-sample loop against :class:`contllm.engine.Engine`, in one run.
 
 Usage:
-    python benchmarks/sweep.py --model smollm2-135m --samples 100 --repeats 3
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/sweep.py --model smollm2-135m --samples 100 --repeats 3
 
 Workloads, on one model and one set of prompts:
   counting  a few-shot counting prompt (~30 tokens); the four "apple" occurrences of its
@@ -9,7 +9,8 @@ Workloads, on one model and one set of prompts:
   events    a passage of >= 120 tokens; every event sentence (the first starts >= 30
             tokens in) scaled by c in [0.1, 1.0].
   events-last  the same passage with only its last event scaled: a long shared prefix.
-  bf16      the engine in bfloat16 against the engine in float32 on both sweeps.
+  bf16      the engine on a bfloat16 copy of the model against the float32 engine on
+            every selected sweep (skip with ``--no-bf16``).
 
 For each sweep it times (a) the per-sample loop the research code runs - one full
 forward per sample, logits at every position, a mask built per sample - and (b) the
@@ -23,9 +24,9 @@ FLOP efficiency = useful FLOPs of the engine / engine time / dense matmul rate.
     padding is not counted), + 2 x vocab x hidden per read position (one per signal),
     + attention 4 x heads x head_dim per (query, visible key) pair in every layer, a
     query at index i of its signal seeing i + 1 keys.
-  dense matmul rate: the best of ``torch.mm`` of float32 [T, hidden] x [hidden,
-    intermediate] with T the engine's largest chunk in tokens and T = 4096, timed in
-    this run with the same thread count.
+  dense matmul rate: float32 ``torch.mm`` [T, hidden] x [hidden, intermediate], the
+    better of T = the engine's largest chunk in tokens and T = 4096, timed in this run
+    with the same thread count between the loop and engine runs (median over repeats).
 Peak memory is the process's peak resident set size, model weights included (VmHWM,
 reset per phase through /proc/self/clear_refs after returning freed heap with
 malloc_trim, where the kernel allows it; otherwise getrusage's lifetime peak). Timings
