@@ -193,7 +193,7 @@ def run(
     device: str = typer.Option("auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."),
     dtype: Optional[str] = typer.Option(None, help="float32 (default on CPU), bfloat16 or float16."),
     samples: Optional[int] = typer.Option(
-        None, "--samples", "-n", help="Values of the factor (or alpha) per item. [default: 20 (counting, events), 21 (boolean)]"
+        None, "--samples", "-n", help="Values of the factor (or alpha) per item. [default: 10 (counting, events: 0.1, 0.2, ..., 1.0), 21 (boolean)]"
     ),
     range_: Optional[str] = typer.Option(
         None, "--range", help="MIN,MAX of the duration factor (default 0.1,1.0) or of alpha (default 0,1)."

@@ -74,7 +74,7 @@ class DurationSweepConfig:
     template: str | None = None
     low: float = 0.1
     high: float = 1.0
-    samples: int = 20
+    samples: int = 10
     chat: bool = False
 
     def __post_init__(self) -> None:
