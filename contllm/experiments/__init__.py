@@ -10,7 +10,7 @@ evaluates the plans on a model and returns an :class:`ExperimentResult`::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,7 +185,3 @@ def summarize(result: ExperimentResult) -> dict[str, Any]:
             out["mean_max_jump_p1"] = float(np.mean([m.max_jump for m in shapes]))
     return out
 
-
-def evaluate_with(lm: ContinuousLM, batch_size: int = 32) -> Callable[[Sequence[Signal]], Any]:
-    """An evaluator that runs signals through ``lm`` in plain batches (no prefix cache)."""
-    return lambda signals: lm.probs(list(signals), batch_size=batch_size)
