@@ -97,18 +97,29 @@ def run_one(
     config_options: dict[str, Any],
     lm: Any = None,
     batch_size: Optional[int] = None,
+    device_map: Optional[str] = None,
 ) -> Path:
-    """Run one experiment on one model into a run directory; returns its path."""
+    """Run one experiment on one model into a run directory; returns its path.
+
+    Under ``accelerate launch`` every process runs this: each computes its share of the
+    unfinished items into its own shard of the directory, and the main process merges
+    the shards and writes what a single process would (see :mod:`contllm.distributed`).
+    device_map: "auto" spreads a model too large for one device over the devices.
+    """
     import torch
 
     from contllm import load, plotting
+    from contllm.data import select_items
+    from contllm.distributed import device_map_memory, start_processes
     from contllm.engine import Engine
+    from contllm.errors import RunDirectoryError
     from contllm.experiments import get_experiment, run_experiment
     from contllm.experiments.base import config_dict
     from contllm.runs import RunDir, atomic_write_json, base_manifest, now
 
-    get_experiment(experiment)
+    kind = get_experiment(experiment)
     config = build_config(experiment, config_options)
+    chosen = [item.id for item in select_items(kind.items(config), items)]
     resolved = {
         "experiment": experiment,
         "model": model,
@@ -117,51 +128,83 @@ def run_one(
         "seed": seed,
         "options": config_dict(config),
     }
-    out = out or _default_out(experiment, model)
+    procs = start_processes(device, device_map=device_map)
+    echo = (lambda message: typer.echo(message, err=True)) if procs.is_main else (lambda message: None)
+    # The default name holds the time, which the processes must agree on.
+    out = procs.broadcast(out or _default_out(experiment, model))
     run = RunDir(out, resolved, resume=resume, force=force)
+    procs.barrier()  # every process has checked the directory before the main one writes to it
     torch.manual_seed(seed)
     if lm is None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # the run's own progress bar is the one to watch
+        placement: dict[str, Any] = {}
+        if device_map is not None:
+            placement = {"device_map": device_map, "max_memory": device_map_memory(procs)}
         started = time.perf_counter()
-        lm = load(model, device=device, dtype=dtype)
-        typer.echo(f"loaded {lm!r} in {time.perf_counter() - started:.1f} s", err=True)
-    run.open()
-    typer.echo(f"{'resuming' if run.resumed else 'writing'} {experiment} on {model} -> {run.path}", err=True)
-    manifest = base_manifest(lm, model)
-    run.write_manifest({**manifest, "status": "running"})
-    done = run.finished() if run.resumed else {}
-    if done:
-        typer.echo(f"{len(done)} items already finished; skipping them", err=True)
+        with procs.main_first():  # an embedded model is converted into the cache once
+            lm = load(model, device=procs.device or device, dtype=dtype, **placement)
+        echo(f"loaded {lm!r} in {time.perf_counter() - started:.1f} s")
+    done: dict[str, Any] = {}
+    if procs.is_main:
+        run.open()
+        where = f" with {procs.world_size} processes" if procs.launched else ""
+        echo(f"{'resuming' if run.resumed else 'writing'} {experiment} on {model} -> {run.path}{where}")
+        manifest = base_manifest(lm, model)
+        if device_map is not None:
+            manifest["device_map"] = device_map
+        if procs.launched or run.resumed:
+            manifest["processes"] = procs.describe()
+        run.write_manifest({**manifest, "status": "running"})
+        if run.resumed:
+            run.merge_shards()
+            done = run.finished()
+        if done:
+            echo(f"{len(done)} items already finished; skipping them")
     engine = Engine(lm, max_batch_tokens=max_batch_tokens)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    with Progress(
-        TextColumn(f"[bold]{experiment}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        transient=False,
-        console=Console(stderr=True),
-    ) as bar:
-        task = bar.add_task(experiment, total=None)
+    def evaluate(signals: list) -> Any:
+        return _in_batches(engine, signals, batch_size)
 
-        def progress(k: int, total: int) -> None:
-            bar.update(task, completed=k, total=total)
-
-        result = run_experiment(
-            lm,
+    mine: list[str] = []
+    if procs.launched:
+        pending = procs.broadcast([item_id for item_id in chosen if item_id not in done] if procs.is_main else None)
+        mine = procs.share(pending)
+        run.use_shard(procs.rank)
+        typer.echo(f"process {procs.rank + 1} of {procs.world_size}: {len(mine)} of {len(pending)} unfinished items", err=True)
+        if mine:
+            _with_progress(
+                f"{experiment} [{procs.rank + 1}/{procs.world_size}]",
+                procs.is_main,
+                lambda progress: run_experiment(
+                    lm, experiment, config, items=",".join(mine), evaluate=evaluate,
+                    on_sweep=run.save_sweep, progress=progress, model_name=model,
+                ),
+            )
+        # Returns once every process has finished its share (and so written its records).
+        shards = procs.gather(procs.report(len(mine)))
+        if not procs.is_main:
+            return run.path
+        run.merge_shards()
+        done = run.finished()
+        missing = [item_id for item_id in chosen if item_id not in done]
+        if missing:
+            raise RunDirectoryError(
+                f"{len(missing)} item(s) have no record after every process finished (first: {missing[0]}); "
+                "continue with --resume"
+            )
+        # Every item is in `done`, so this only assembles the records in the items' order.
+        result = run_experiment(lm, experiment, config, items=items, evaluate=evaluate, skip=done, model_name=model)
+        run.write_manifest({"processes": {**procs.describe(), "shards": shards}})
+    else:
+        result = _with_progress(
             experiment,
-            config,
-            items=items,
-            evaluate=lambda signals: _in_batches(engine, signals, batch_size),
-            skip=done,
-            on_sweep=run.save_sweep,
-            progress=progress,
-            model_name=model,
+            True,
+            lambda progress: run_experiment(
+                lm, experiment, config, items=items, evaluate=evaluate, skip=done,
+                on_sweep=run.save_sweep, progress=progress, model_name=model,
+            ),
         )
     result.save(run.path)
     summary = result.summary()
@@ -170,9 +213,50 @@ def run_one(
     run.write_manifest({"status": "finished", "finished": now(), "items": len(result.sweeps)})
     for key, value in summary.items():
         if isinstance(value, float):
-            typer.echo(f"  {key}: {value:.3f}", err=True)
+            echo(f"  {key}: {value:.3f}")
     typer.echo(str(run.path))
     return run.path
+
+
+def _with_progress(label: str, show: bool, work: Any) -> Any:
+    """``work(progress)`` under a progress bar on stderr (none when ``show`` is false)."""
+    if not show:
+        return work(None)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(
+        TextColumn(f"[bold]{label}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        transient=False,
+        console=Console(stderr=True),
+    ) as bar:
+        task = bar.add_task(label, total=None)
+
+        def progress(k: int, total: int) -> None:
+            bar.update(task, completed=k, total=total)
+
+        return work(progress)
+
+
+def _check_processes(target: str, device_map: Optional[str]) -> None:
+    """Refuse what a launch or a device map cannot do, before anything loads or writes."""
+    from contllm.distributed import launch_size
+    from contllm.models import check_device_map
+
+    spec_file = target.endswith(".toml") or Path(target).is_file()
+    if device_map is not None:
+        if target not in EXPERIMENT_NAMES:
+            raise ExperimentError(f"--device-map applies to {', '.join(EXPERIMENT_NAMES)} runs, not {target}")
+        check_device_map(device_map)
+    if launch_size() > 1 and target not in EXPERIMENT_NAMES and not spec_file:
+        raise ExperimentError(
+            f"{target} runs in one process; start it without a launcher "
+            f"({', '.join(EXPERIMENT_NAMES)} and spec files are the runs shared over processes)"
+        )
 
 
 def _in_batches(engine: Any, signals: list, batch_size: Optional[int]) -> Any:
@@ -215,6 +299,9 @@ def run(
     operators: Optional[str] = typer.Option(None, help="boolean: comma-separated operators to pair, e.g. AND,XOR."),
     method: Optional[str] = typer.Option(None, help="boolean: linear or slerp interpolation. [default: linear]"),
     item_figures: bool = typer.Option(True, "--item-figures/--no-item-figures", help="Also draw one figure per item."),
+    device_map: Optional[str] = typer.Option(
+        None, "--device-map", help="auto: spread a model too large for one device over the GPUs (accelerate); --device is then unused."
+    ),
     layer: Optional[str] = typer.Option(
         None, "--layer", help="depth: layers of the single-layer probes, comma-separated, negative from the end. [default: first, 1/4, 1/2, 3/4, last]"
     ),
@@ -239,6 +326,7 @@ def run(
       contllm run experiments/paper.toml
     """
     try:
+        _check_processes(target, device_map)
         if batch_size is not None and batch_size < 1:
             raise ExperimentError(f"--batch-size must be >= 1, got {batch_size}")
         if max_batch_tokens is not None and max_batch_tokens < 1:
@@ -253,8 +341,10 @@ def run(
             "method": method,
         }
         if target.endswith(".toml") or Path(target).is_file():
+            from contllm.distributed import start_processes
             from contllm.spec import run_spec
 
+            start_processes(device)  # launched: this process's device is chosen before the spec loads a model
             run_spec(Path(target), out=out, resume=resume, force=force, device=device, dtype=dtype)
             return
         if target == "depth":
@@ -289,6 +379,7 @@ def run(
             batch_size=batch_size,
             item_figures=item_figures,
             config_options={k: v for k, v in config_options.items() if v is not None},
+            device_map=device_map,
         )
     except ContllmError as exc:
         _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

@@ -38,6 +38,7 @@ from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
 
 __all__ = [
     "DEFAULT_MODEL",
+    "DEVICE_MAPS",
     "REGISTRY",
     "AssembledGguf",
     "EmbeddedModel",
@@ -49,6 +50,7 @@ __all__ = [
     "PackagedGguf",
     "cache_entry_problems",
     "cache_root",
+    "check_device_map",
     "convert_embedded",
     "ensure_cached",
     "list_models",
@@ -384,6 +386,29 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     if resolved.type == "mps" and not torch.backends.mps.is_available():
         raise ModelLoadError(f"device {device!r} requested but MPS is not available; use device='cpu' or 'auto'")
     return resolved
+
+
+#: Placement strategies accelerate accepts for ``device_map`` (a dict of module -> device also works).
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(device_map: Any, max_memory: Any = None) -> None:
+    """ModelLoadError unless ``device_map`` is None, a dict or one of :data:`DEVICE_MAPS`.
+
+    max_memory (device -> bytes or "20GiB") only means something with a device map.
+    """
+    if device_map is None:
+        if max_memory is not None:
+            raise ModelLoadError("max_memory limits a device map; give device_map='auto' with it")
+        return
+    if isinstance(device_map, Mapping):
+        return
+    if not isinstance(device_map, str) or device_map not in DEVICE_MAPS:
+        raise ModelLoadError(
+            f"unknown device_map {device_map!r}; use one of {', '.join(DEVICE_MAPS)} or a dict of module -> device"
+        )
+    if max_memory is not None and not isinstance(max_memory, Mapping):
+        raise ModelLoadError(f"max_memory must map devices to sizes (e.g. {{0: '20GiB', 1: '20GiB'}}), got {max_memory!r}")
 
 
 def _model_class(config: Any) -> type | None:
@@ -796,6 +821,7 @@ def _from_pretrained(
     attn_implementation: str | None,
     device_map: Any,
     trust_remote_code: bool,
+    max_memory: Any = None,
 ) -> tuple[Any, Any, str | None]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -809,6 +835,8 @@ def _from_pretrained(
         model_kwargs["attn_implementation"] = attn
     if device_map is not None:
         model_kwargs["device_map"] = device_map
+        if max_memory is not None:
+            model_kwargs["max_memory"] = dict(max_memory)
     model = AutoModelForCausalLM.from_pretrained(location, **model_kwargs)
     if device_map is None and device is not None:
         model.to(device)
@@ -822,6 +850,21 @@ def _from_pretrained(
     return model, tokenizer, getattr(model.config, "_attn_implementation", attn)
 
 
+def _check_placement(model: Any, name: str) -> None:
+    """ModelLoadError when a device map left weights off every device (offloaded to the CPU or disk).
+
+    Offloaded weights stay on the meta device between forwards, where the continuous
+    inputs cannot be built; the model has to fit in the devices of its map.
+    """
+    if not any(p.device.type == "meta" for p in model.parameters()):
+        return
+    placed = sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()})
+    raise ModelLoadError(
+        f"the device map put part of {name!r} on {', '.join(placed) or 'no device'}: offloaded weights are not "
+        "supported; give the devices room for the whole model (more GPUs, a larger max_memory or a smaller dtype)"
+    )
+
+
 def load_model(
     name: str | os.PathLike[str] = DEFAULT_MODEL,
     *,
@@ -831,6 +874,7 @@ def load_model(
     device_map: str | dict[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     trust_remote_code: bool = False,
+    max_memory: Mapping[int | str, int | str] | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer, in eval mode.
 
@@ -840,7 +884,13 @@ def load_model(
     device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:N"; ignored when
     device_map is given (accelerate places the model). dtype: float32 unless given.
     attn_implementation: default "sdpa", "eager" for families without sdpa.
+    device_map: "auto" (or "balanced", "balanced_low_0", "sequential", or a dict of
+    module -> device) spreads a model too large for one device over the GPUs (on a
+    machine without one, it all stays on the CPU); max_memory (device -> size) limits
+    what each device takes. A map that offloads weights (to the CPU next to GPUs, or to
+    disk) is refused with ModelLoadError.
     """
+    check_device_map(device_map, max_memory)
     source = resolve(name)
     torch_dtype = parse_dtype(dtype)
     torch_device = resolve_device(device) if device_map is None else None
@@ -862,6 +912,7 @@ def load_model(
             attn_implementation=attn_implementation,
             device_map=device_map,
             trust_remote_code=trust_remote_code,
+            max_memory=max_memory,
         )
     except ContllmError:
         raise
@@ -875,6 +926,8 @@ def load_model(
         raise ModelLoadError(f"could not load {source.name!r}: {err}{hint}") from err
     except ValueError as err:
         raise ModelLoadError(f"could not load {source.name!r}: {err}") from err
+    if device_map is not None:
+        _check_placement(model, source.name)
     info = ModelInfo(
         name=source.name,
         alias=source.name if source.kind == "alias" else None,

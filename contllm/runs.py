@@ -5,17 +5,22 @@ Layout of a run directory::
     config.json        the resolved configuration (experiment, model, options)
     manifest.json      model, weights sha256, package versions, device, dtype, commit, times
     items/<id>.json    one sweep per finished item, each written atomically
+    shards/process-<rank>/<id>.json
+                       the same, written by one process of a launched run until the main
+                       process merges them into items/ (absent once a run has finished)
     results.json       every sweep, with the config
     results.csv        tidy rows: item, factor (or alpha), label, probability, truth
     summary.json       headline numbers
     figures/           one figure per item and a summary, as PNG and PDF
 
 Every file is written to a temporary name and renamed into place, so a run killed at any
-moment leaves only whole files; ``--resume`` then skips the items already on disk.
+moment leaves only whole files; ``--resume`` then skips the items already on disk, in
+items/ and in any shard.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -34,6 +39,7 @@ from contllm.experiments.base import Sweep
 CONFIG = "config.json"
 MANIFEST = "manifest.json"
 ITEMS = "items"
+SHARDS = "shards"
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -88,6 +94,7 @@ class RunDir:
         self.config = config
         self.resumed = False
         self._replace = False
+        self._item_dir = self.path / ITEMS
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"{self.path} exists and is not a directory")
         occupied = self.path.is_dir() and any(self.path.iterdir())
@@ -128,22 +135,72 @@ class RunDir:
 
     # ------------------------------------------------------------------ items
     def item_path(self, item_id: str) -> Path:
+        """Where :meth:`save_sweep` writes the record of ``item_id`` (items/, or this process's shard)."""
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in item_id)
-        return self.path / ITEMS / f"{safe}.json"
+        return self._item_dir / f"{safe}.json"
+
+    def use_shard(self, rank: int) -> Path:
+        """Write this process's records into ``shards/process-<rank>/`` from now on; returns that folder."""
+        if rank < 0:
+            raise RunDirectoryError(f"a shard needs a process rank >= 0, got {rank}")
+        self._item_dir = self.path / SHARDS / f"process-{rank}"
+        self._item_dir.mkdir(parents=True, exist_ok=True)
+        return self._item_dir
+
+    def _record_dirs(self) -> list[Path]:
+        shards = self.path / SHARDS
+        return [self.path / ITEMS, *(sorted(p for p in shards.iterdir() if p.is_dir()) if shards.is_dir() else [])]
 
     def finished(self) -> dict[str, Sweep]:
-        """The sweeps already on disk, by item id (unreadable records are ignored and redone)."""
+        """The sweeps already on disk, by item id, from items/ and every shard.
+
+        Unreadable records are ignored (and so redone); a record in items/ wins over a
+        copy of the same item in a shard.
+        """
         done: dict[str, Sweep] = {}
-        for path in sorted((self.path / ITEMS).glob("*.json")):
-            try:
-                sweep = Sweep.from_dict(json.loads(path.read_text(encoding="utf-8")))
-            except (OSError, ValueError, ContllmError):  # a record that cannot be read is recomputed
-                continue
-            done[sweep.item_id] = sweep
+        for folder in self._record_dirs():
+            for path in sorted(folder.glob("*.json")):
+                sweep = _read_sweep(path)
+                if sweep is not None and sweep.item_id not in done:
+                    done[sweep.item_id] = sweep
         return done
 
     def save_sweep(self, sweep: Sweep) -> None:
         atomic_write_json(self.item_path(sweep.item_id), sweep.to_dict())
+
+    def merge_shards(self) -> int:
+        """Move every shard's records into items/ and remove the emptied shards; returns how many moved.
+
+        Run by one process while no other writes. Each move is a rename, so a merge cut
+        short leaves every record whole in one place or the other, and merging again
+        finishes the job. A record whose item already has a readable record in items/ is
+        a second copy of a deterministic sweep (two launches into one directory) and is
+        dropped; one that replaces an unreadable record is kept.
+        """
+        shards = self.path / SHARDS
+        if not shards.is_dir():
+            return 0
+        items = self.path / ITEMS
+        items.mkdir(parents=True, exist_ok=True)
+        moved = 0
+        for folder in sorted(p for p in shards.iterdir() if p.is_dir()):
+            for path in sorted(folder.glob("*.json")):
+                target = items / path.name
+                if target.exists() and _read_sweep(target) is not None:
+                    path.unlink()
+                    continue
+                os.replace(path, target)
+                moved += 1
+            # Temporary files are the unfinished writes of a process that was killed.
+            for leftover in folder.glob(".*.tmp"):
+                leftover.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        with contextlib.suppress(OSError):
+            shards.rmdir()
+        if moved:
+            _fsync_dir(items)
+        return moved
 
     # ------------------------------------------------------------------ manifest
     def write_manifest(self, manifest: dict[str, Any]) -> None:
@@ -151,6 +208,28 @@ class RunDir:
         if previous.get("started") and "started" in manifest:
             manifest = {**manifest, "started": previous["started"], "resumed": now()}
         atomic_write_json(self.path / MANIFEST, {**previous, **manifest})
+
+
+def _read_sweep(path: Path) -> Sweep | None:
+    """The sweep in a record file, or None when it cannot be read (a record to redo)."""
+    try:
+        return Sweep.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError, AttributeError, ContllmError):
+        return None
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the renames into ``path`` durable (where the platform can open a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def package_versions() -> dict[str, str | None]:
