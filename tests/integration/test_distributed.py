@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,8 +170,6 @@ def test_a_launch_with_a_killed_process_resumes_without_losing_or_duplicating(tm
 @pytest.fixture(scope="module")
 def tiny_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with the SmolLM2 tokenizer, saved as a local model directory."""
-    import shutil
-
     import torch
     import transformers as tf
 
@@ -244,3 +243,35 @@ def test_a_device_map_that_offloads_weights_is_refused(tiny_directory: Path) -> 
 
     with pytest.raises(ModelLoadError, match="offloaded weights are not supported"):
         contllm.load(str(tiny_directory), device_map="auto", max_memory={"cpu": "1MB"})
+
+
+def test_a_killed_launch_resumes_in_a_single_process(tiny_directory: Path, tmp_path: Path) -> None:
+    """Shards left by a launch (two processes, one of them cut off) finish without a launcher."""
+    from typer.testing import CliRunner
+
+    from contllm.cli import app
+
+    args = ["run", "counting", "--model", str(tiny_directory), "--device", "cpu", "--items", "6", "--samples", "3",
+            "--no-item-figures"]  # fmt: skip
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert CliRunner().invoke(app, [*args, "--out", str(whole)]).exit_code == 0
+    # What a launch killed midway leaves: the config, each process's finished records, no results.
+    (out / "items").mkdir(parents=True)
+    for name in ("config.json", "manifest.json"):
+        shutil.copy(whole / name, out / name)
+    records = sorted((whole / "items").glob("*.json"))
+    for rank, record in ((0, records[0]), (0, records[1]), (1, records[3])):
+        (out / "shards" / f"process-{rank}").mkdir(parents=True, exist_ok=True)
+        shutil.copy(record, out / "shards" / f"process-{rank}" / record.name)
+    (out / "shards" / "process-1" / f".{records[4].name}.abc123.tmp").write_text('{"item_id": "count-0')
+
+    done = CliRunner().invoke(app, [*args, "--out", str(out), "--resume"])
+    assert done.exit_code == 0, done.output
+    assert "3 items already finished" in done.output
+    assert not (out / "shards").exists()
+    assert sorted(p.name for p in (out / "items").glob("*.json")) == [p.name for p in records]
+    for record in (records[0], records[1], records[3]):
+        assert (out / "items" / record.name).read_bytes() == record.read_bytes()
+    assert_same_results(out, whole)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and manifest["processes"]["world_size"] == 1
