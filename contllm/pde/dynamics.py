@@ -249,7 +249,6 @@ def _reaction_steps(chain: Chain, T: float, rho: float, steps: torch.Tensor) -> 
 # ---------------------------------------------------------------------------- spectral evaluation
 
 
-@lru_cache(maxsize=512)
 def chain_operator(kind: str, length: int, steps: int, tau: float, c: float = 1.0) -> torch.Tensor:
     """k explicit steps of diffusion (or leapfrog wave) on L unit cells, as one L x L float64 matrix.
 
@@ -275,15 +274,52 @@ def chain_operator(kind: str, length: int, steps: int, tau: float, c: float = 1.
     return matrix
 
 
+#: Bytes of one stack of chain operators (groups of rows are batched up to this size).
+STACK_BYTES = 16 * 2**20
+
+
+@lru_cache(maxsize=48)
+def _operator_stack(kind: str, groups: tuple[tuple[int, int], ...], T: float, c: float) -> torch.Tensor:
+    """The operators of (length, steps) groups, zero-padded to the longest: [groups, L, L] float64."""
+    size = max(length for length, _ in groups)
+    stack = torch.zeros(len(groups), size, size, dtype=torch.float64)
+    for g, (length, k) in enumerate(groups):
+        stack[g, :length, :length] = chain_operator(kind, length, k, T / k, c)
+    return stack
+
+
 def _spectral(chain: Chain, kind: str, T: float, steps: torch.Tensor, c: float) -> torch.Tensor:
+    """Every row times its chain's operator, rows with the same (length, steps) batched together.
+
+    Rows are sorted by length and packed into [groups, rows per group, L] blocks, so
+    that a whole layer takes a few batched products (not one small product per length).
+    """
     out = chain.a.clone()
-    groups = torch.stack([chain.length, steps], dim=-1)
-    for length, k in torch.unique(groups, dim=0).tolist():
-        if length < 2 or k < 1:
-            continue
-        rows = torch.nonzero((chain.length == length) & (steps == k), as_tuple=True)[0]
-        operator = chain_operator(kind, int(length), int(k), T / k, c).to(out.device)
-        out[rows, :length] = out[rows, :length] @ operator.T
+    todo = torch.nonzero((chain.length >= 2) & (steps >= 1), as_tuple=True)[0]
+    if todo.numel() == 0:
+        return out
+    span = int(steps.max()) + 1
+    keys = chain.length[todo] * span + steps[todo]
+    order = torch.argsort(keys, stable=True)
+    rows, keys = todo[order], keys[order]
+    unique, counts = torch.unique_consecutive(keys, return_counts=True)
+    group = torch.repeat_interleave(torch.arange(len(unique), device=keys.device), counts)
+    start = torch.cumsum(counts, 0) - counts
+    position = torch.arange(len(rows), device=keys.device) - start[group]
+    pairs = [(int(key) // span, int(key) % span) for key in unique.tolist()]
+    first = 0
+    while first < len(pairs):
+        last = first + 1
+        while last < len(pairs) and (last + 1 - first) * pairs[last][0] ** 2 * 8 <= STACK_BYTES:
+            last += 1
+        size = pairs[last - 1][0]
+        operators = _operator_stack(kind, tuple(pairs[first:last]), T, c).to(out.device)
+        lo, hi = int(start[first]), int(start[last - 1] + counts[last - 1])
+        block = torch.zeros(last - first, int(counts[first:last].max()), size, dtype=out.dtype, device=out.device)
+        block[group[lo:hi] - first, position[lo:hi]] = chain.a[rows[lo:hi], :size]
+        product = torch.bmm(block, operators.transpose(1, 2))
+        out[rows[lo:hi], :size] = product[group[lo:hi] - first, position[lo:hi]]
+        first = last
     return out
 
 
