@@ -270,7 +270,7 @@ def _in_batches(engine: Any, signals: list, batch_size: Optional[int]) -> Any:
 
 @app.command()
 def run(
-    target: str = typer.Argument(..., help="An experiment (counting, events, boolean, depth) or a spec file (.toml)."),
+    target: str = typer.Argument(..., help="An experiment (counting, events, boolean, depth, pde) or a spec file (.toml)."),
     model: Optional[str] = typer.Option(
         None, "--model", "-m", help="Embedded alias (smollm2-135m, gemma3-270m), Hugging Face id or local directory. [default: smollm2-135m]"
     ),
@@ -311,8 +311,20 @@ def run(
     alphas: Optional[str] = typer.Option(
         None, "--alphas", help="depth: update scales alpha in [0, 2], comma-separated (1 is always added). [default: 0,0.25,...,2]"
     ),
+    times: Optional[str] = typer.Option(
+        None, "--times", help="pde: pseudo-times T >= 0, comma-separated (0 is always added). [default: 0,0.1,0.4,1,4,16,64,256]"
+    ),
+    dynamics: Optional[str] = typer.Option(None, "--dynamics", help="pde: diffusion, wave or reaction. [default: diffusion]"),
+    variants: Optional[str] = typer.Option(
+        None, "--variants", help="pde: attention, matched (temperature control), hidden (state smoothing), comma-separated. [default: all]"
+    ),
+    head: Optional[int] = typer.Option(None, "--head", help="pde: only this head of each layer in scope (--layer: one layer)."),
+    spacing: Optional[str] = typer.Option(None, "--spacing", help="pde: time (cells as wide as durations) or index. [default: time]"),
+    rho: Optional[float] = typer.Option(None, "--rho", help="pde: reaction strength of --dynamics reaction. [default: 1]"),
+    wave_speed: Optional[float] = typer.Option(None, "--wave-speed", help="pde: wave speed c of --dynamics wave. [default: 1]"),
+    long_range: Optional[int] = typer.Option(None, "--long-range", help="pde: D of the long-range mass (keys more than D back). [default: 32]"),
 ) -> None:
-    """Run an experiment (counting, events, boolean, depth) or a spec of several, and write a run directory.
+    """Run an experiment (counting, events, boolean, depth, pde) or a spec of several, and write a run directory.
 
     The directory holds config.json, manifest.json, results.json, results.csv,
     summary.json and figures/ (PNG and PDF). Examples:
@@ -322,6 +334,8 @@ def run(
       contllm run counting --items 10 --samples 10 --range 0.2,1.5 --out runs/quick
 
       contllm run boolean --operators AND,OR,XOR --method slerp
+
+      contllm run pde --times 0,1,16 --variants attention,matched
 
       contllm run experiments/paper.toml
     """
@@ -359,9 +373,31 @@ def run(
             )
             typer.echo(str(path))
             return
+        pde_options = {"times": times, "dynamics": dynamics, "variants": variants, "head": head, "spacing": spacing,
+                       "rho": rho, "wave_speed": wave_speed, "long_range": long_range}
+        if target == "pde":
+            from contllm.pde.experiment import config_from_options, run_pde_command
+
+            if eps is not None or alphas is not None:
+                raise ExperimentError("--eps and --alphas apply to the depth experiment only, not pde")
+            pde_config = config_from_options(
+                times=times, dynamics=dynamics, variants=variants, layer=layer, head=head, spacing=spacing,
+                rho=rho, c=wave_speed, long_range=long_range,
+            )
+            path = run_pde_command(
+                model=model or "smollm2-135m", device=device, dtype=dtype, items=items, out=out,
+                resume=resume, force=force, seed=seed, config=pde_config,
+                unused={**config_options, "batch_size": batch_size, "max_batch_tokens": max_batch_tokens},
+                echo=lambda message: typer.echo(message, err=True),
+            )
+            typer.echo(str(path))
+            return
+        given_pde = [f"--{k.replace('_', '-')}" for k, v in pde_options.items() if v is not None]
+        if given_pde:
+            raise ExperimentError(f"{', '.join(given_pde)} apply to the pde experiment only, not {target}")
         if target not in EXPERIMENT_NAMES:
             raise ExperimentError(
-                f"unknown experiment {target!r}; known experiments: {', '.join(EXPERIMENT_NAMES)}, depth (or a .toml spec)"
+                f"unknown experiment {target!r}; known experiments: {', '.join(EXPERIMENT_NAMES)}, depth, pde (or a .toml spec)"
             )
         if layer is not None or eps is not None or alphas is not None:
             raise ExperimentError(f"--layer, --eps and --alphas apply to the depth experiment only, not {target}")
