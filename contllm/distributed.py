@@ -36,6 +36,7 @@ __all__ = [
     "Processes",
     "cpu_threads",
     "device_group",
+    "device_map_memory",
     "launch_size",
     "start_processes",
 ]
@@ -198,8 +199,9 @@ def start_processes(device: str | None = "auto", *, device_map: str | None = Non
     process ``cuda:LOCAL_RANK`` when CUDA is available, and "cpu" (or no CUDA) gives the
     CPU with ``cores // LOCAL_WORLD_SIZE`` torch threads; a numbered device ("cuda:1")
     is refused, since every process would pick the same one. device_map: with a device
-    map each process places its model itself (see :func:`device_group`), so ``device``
-    is None. Later calls return the first answer.
+    map each process spreads its model over its own group of GPUs (see
+    :func:`device_group`), and ``device`` lists that group. Later calls return the first
+    answer.
     """
     global _started
     if _started is not None:
