@@ -141,12 +141,20 @@ def run_spec(
     """Run every (model, experiment) of a spec; returns the run directories."""
     from contllm import load
     from contllm.cli import run_one
+    from contllm.distributed import start_processes
 
     spec = load_spec(path)
     root = out or spec.out
     written = []
+    # Under a launch each process loads on its own device, and the main process fills the model cache first.
+    procs = start_processes(device if device not in (None, "auto") else spec.device)
     for model in spec.models:
-        lm = load(model, device=device if device not in (None, "auto") else spec.device, dtype=dtype or spec.dtype)
+        with procs.main_first():
+            lm = load(
+                model,
+                device=procs.device or (device if device not in (None, "auto") else spec.device),
+                dtype=dtype or spec.dtype,
+            )
         for entry in (e for e in spec.entries if e.model == model):
             written.append(
                 run_one(
