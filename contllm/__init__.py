@@ -46,7 +46,7 @@ def load(name: str = "smollm2-135m", **options: Any) -> ContinuousLM:
     """Load a model (embedded alias, Hugging Face id or local directory) ready for continuous inputs.
 
     Options are those of :func:`contllm.models.load_model` (device, dtype,
-    attn_implementation, device_map, cache_dir, trust_remote_code).
+    attn_implementation, device_map, max_memory, cache_dir, trust_remote_code).
     """
     from contllm.models import load_model
 
