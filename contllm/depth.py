@@ -48,6 +48,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from contllm.errors import ExperimentError, UnsupportedModelError
+from contllm.experiments.base import parse_floats
 
 # ---------------------------------------------------------------------------- the layer stack
 
@@ -979,17 +980,6 @@ def select_prompts(items: str | Sequence[str] | None, prompts: Sequence[DepthPro
     return [by_id[i] for i in items]
 
 
-def _parse_floats(text: str | Sequence[float], what: str) -> tuple[float, ...]:
-    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
-    try:
-        values = tuple(float(p) for p in parts if p != "")
-    except (TypeError, ValueError):
-        raise ExperimentError(f"{what} must be comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise ExperimentError(f"{what} is empty")
-    return values
-
-
 def _parse_ints(text: str | Sequence[int], what: str) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
     try:
@@ -1040,11 +1030,11 @@ class DepthConfig:
     def __post_init__(self) -> None:
         if self.layers is not None:
             self.layers = _parse_ints(self.layers, "layers")
-        self.eps = _parse_floats(self.eps, "eps")
+        self.eps = parse_floats(self.eps, "eps")
         for e in self.eps:
             if not (math.isfinite(e) and e > 0):
                 raise ExperimentError(f"eps must be positive, got {e:g}")
-        alphas = sorted({check_alpha(a) for a in _parse_floats(self.alphas, "alphas")} | {1.0})
+        alphas = sorted({check_alpha(a) for a in parse_floats(self.alphas, "alphas")} | {1.0})
         self.alphas = tuple(alphas)
         if self.samples < 1:
             raise ExperimentError(f"samples must be >= 1, got {self.samples}")
@@ -1799,9 +1789,9 @@ def depth_config_from_options(
     if layer is not None:
         kwargs["layers"] = _parse_ints(layer, "--layer")
     if eps is not None:
-        kwargs["eps"] = _parse_floats(eps, "--eps")
+        kwargs["eps"] = parse_floats(eps, "--eps")
     if alphas is not None:
-        kwargs["alphas"] = _parse_floats(alphas, "--alphas")
+        kwargs["alphas"] = parse_floats(alphas, "--alphas")
     return DepthConfig(**kwargs)
 
 

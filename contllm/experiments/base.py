@@ -43,6 +43,18 @@ def sweep_values(low: float, high: float, samples: int, *, include: float | None
     return values.astype(np.float64)
 
 
+def parse_floats(text: str | Sequence[float], what: str) -> tuple[float, ...]:
+    """Numbers from "a,b,c" (or a sequence of numbers); ExperimentError naming ``what`` if any is not one, or none is given."""
+    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
+    try:
+        values = tuple(float(p) for p in parts if p != "")
+    except (TypeError, ValueError):
+        raise ExperimentError(f"{what} must be comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise ExperimentError(f"{what} is empty")
+    return values
+
+
 def parse_range(text: str) -> tuple[float, float]:
     """'MIN,MAX' -> (min, max); ExperimentError for anything else."""
     parts = [p.strip() for p in str(text).split(",")]

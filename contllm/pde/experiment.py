@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from contllm.errors import ExperimentError
+from contllm.experiments.base import parse_floats
 from contllm.pde.attention import attention_modules, pde_attention
 from contllm.pde.dynamics import SPACINGS, Dynamics
 from contllm.pde.hidden import causal_smoothing
@@ -85,17 +86,6 @@ def select_prompts(items: str | None, prompts: Sequence[Prompt]) -> list[Prompt]
     return [by_id[w] for w in wanted]
 
 
-def _floats(text: str | Sequence[float], what: str) -> tuple[float, ...]:
-    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
-    try:
-        values = tuple(float(p) for p in parts if p != "")
-    except (TypeError, ValueError):
-        raise ExperimentError(f"{what} must be comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise ExperimentError(f"{what} is empty")
-    return values
-
-
 @dataclass
 class PDEConfig:
     """Options of the probe.
@@ -121,7 +111,7 @@ class PDEConfig:
     fit_max: int | None = None
 
     def __post_init__(self) -> None:
-        times = _floats(self.times, "times")
+        times = parse_floats(self.times, "times")
         for t in times:
             if not (math.isfinite(t) and t >= 0):
                 raise ExperimentError(f"pseudo-times must be finite and >= 0, got {t:g}")
@@ -324,7 +314,7 @@ def config_from_options(
     """A :class:`PDEConfig` from command-line values (None: the default)."""
     kwargs: dict[str, Any] = {}
     if times is not None:
-        kwargs["times"] = _floats(times, "--times")
+        kwargs["times"] = parse_floats(times, "--times")
     for name, value in (("dynamics", dynamics), ("variants", variants), ("spacing", spacing)):
         if value is not None:
             kwargs[name] = value
