@@ -6,10 +6,7 @@ overwritten without --resume or --force.
 
 from __future__ import annotations
 
-import datetime as _dt
-import re
 import sys
-import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,12 +27,6 @@ EXPERIMENT_NAMES = ("counting", "events", "boolean")
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
-
-
-def _default_out(experiment: str, model: str) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe_model = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name or model)
-    return Path("runs") / f"{experiment}-{safe_model}-{stamp}"
 
 
 def build_config(experiment: str, options: dict[str, Any]) -> Any:
@@ -108,14 +99,14 @@ def run_one(
     """
     import torch
 
-    from contllm import load, plotting
+    from contllm import plotting
     from contllm.data import select_items
     from contllm.distributed import device_map_memory, start_processes
     from contllm.engine import Engine
     from contllm.errors import RunDirectoryError
     from contllm.experiments import get_experiment, run_experiment
     from contllm.experiments.base import config_dict
-    from contllm.runs import RunDir, atomic_write_json, base_manifest, now
+    from contllm.runs import RunDir, atomic_write_json, base_manifest, default_out, load_for_run, now
 
     kind = get_experiment(experiment)
     config = build_config(experiment, config_options)
@@ -131,21 +122,16 @@ def run_one(
     procs = start_processes(device, device_map=device_map)
     echo = (lambda message: typer.echo(message, err=True)) if procs.is_main else (lambda message: None)
     # The default name holds the time, which the processes must agree on.
-    out = procs.broadcast(out or _default_out(experiment, model))
+    out = procs.broadcast(out or default_out(experiment, model))
     run = RunDir(out, resolved, resume=resume, force=force)
     procs.barrier()  # every process has checked the directory before the main one writes to it
     torch.manual_seed(seed)
     if lm is None:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # the run's own progress bar is the one to watch
         placement: dict[str, Any] = {}
         if device_map is not None:
             placement = {"device_map": device_map, "max_memory": device_map_memory(procs)}
-        started = time.perf_counter()
         with procs.main_first():  # an embedded model is converted into the cache once
-            lm = load(model, device=procs.device or device, dtype=dtype, **placement)
-        echo(f"loaded {lm!r} in {time.perf_counter() - started:.1f} s")
+            lm = load_for_run(model, device=procs.device or device, dtype=dtype, say=echo, **placement)
     done: dict[str, Any] = {}
     if procs.is_main:
         run.open()

@@ -1826,13 +1826,10 @@ def run_depth_command(
     :data:`PROMPTS` (``items`` selects among them).
     Returns the run directory. Bad options raise ExperimentError before anything is written.
     """
-    from contllm.runs import RunDir, atomic_write_json, base_manifest, now
+    from contllm.runs import RunDir, atomic_write_json, base_manifest, default_out, load_for_run, now, refuse_unused
 
     say = echo or (lambda message: None)
-    given = sorted(k for k, v in (unused or {}).items() if v is not None)
-    if given:
-        options = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise ExperimentError(f"option(s) {options} do not apply to the depth experiment")
+    refuse_unused(unused, "depth")
     if config is None:
         config = depth_config_from_options(layer=layer, eps=eps, alphas=alphas, seed=seed)
     prompts = select_prompts(items, PROMPTS if prompts is None else prompts)
@@ -1845,20 +1842,11 @@ def run_depth_command(
         "options": config.to_dict(),
     }
     if out is None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        safe_model = "".join(c if c.isalnum() or c in "_.-" else "_" for c in (Path(model).name or model))
-        out = Path("runs") / f"depth-{safe_model}-{stamp}"
+        out = default_out("depth", model)
     run = RunDir(out, resolved, resume=resume, force=force)
     torch.manual_seed(config.seed)
     if lm is None:
-        from transformers.utils import logging as hf_logging
-
-        from contllm import load
-
-        hf_logging.disable_progress_bar()
-        started = time.perf_counter()
-        lm = load(model, device=device, dtype=dtype)
-        say(f"loaded {lm!r} in {time.perf_counter() - started:.1f} s")
+        lm = load_for_run(model, device=device, dtype=dtype, say=say)
     # Layer indices can only be checked against the loaded model; still before anything is written.
     config.resolved_layers(LayerStack(lm.model).n_layers)
     run.open()

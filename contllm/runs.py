@@ -25,6 +25,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,38 @@ def atomic_write_json(path: str | Path, data: Any) -> Path:
 
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def default_out(experiment: str, model: str) -> Path:
+    """runs/<experiment>-<model>-<local time>: where a run goes when no --out is given."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe_model = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name or model)
+    return Path("runs") / f"{experiment}-{safe_model}-{stamp}"
+
+
+def refuse_unused(unused: Any, experiment: str) -> None:
+    """ExperimentError naming every option in ``unused`` (a mapping) that was given (is not None)."""
+    from contllm.errors import ExperimentError
+
+    given = sorted(k for k, v in (unused or {}).items() if v is not None)
+    if given:
+        options = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ExperimentError(f"option(s) {options} do not apply to the {experiment} experiment")
+
+
+def load_for_run(model: str, *, device: str, dtype: str | None, say: Any, **options: Any) -> Any:
+    """Load ``model`` for a run without transformers' own progress bars; ``say`` gets the load time."""
+    import time
+
+    from transformers.utils import logging as hf_logging
+
+    from contllm import load
+
+    hf_logging.disable_progress_bar()  # the run's own progress is the one to watch
+    started = time.perf_counter()
+    lm = load(model, device=device, dtype=dtype, **options)
+    say(f"loaded {lm!r} in {time.perf_counter() - started:.1f} s")
+    return lm
 
 
 def is_run_dir(path: str | Path) -> bool:

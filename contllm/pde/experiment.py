@@ -353,31 +353,19 @@ def run_pde_command(
     ``run`` options, which must all be None. lm: an already loaded model (then ``model``
     only names it). Bad options raise ExperimentError before anything is written.
     """
-    from contllm.runs import RunDir, atomic_write_json, base_manifest, now
+    from contllm.runs import RunDir, atomic_write_json, base_manifest, default_out, load_for_run, now, refuse_unused
 
     say = echo or (lambda message: None)
-    given = sorted(k for k, v in (unused or {}).items() if v is not None)
-    if given:
-        options = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise ExperimentError(f"option(s) {options} do not apply to the pde experiment")
+    refuse_unused(unused, "pde")
     config = config or PDEConfig()
     prompts = select_prompts(items, shipped_prompts())
     resolved = {"experiment": "pde", "model": model, "dtype": dtype, "items": items, "seed": seed, "options": config.to_dict()}
     if out is None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        safe_model = "".join(ch if ch.isalnum() or ch in "_.-" else "_" for ch in (Path(model).name or model))
-        out = Path("runs") / f"pde-{safe_model}-{stamp}"
+        out = default_out("pde", model)
     run = RunDir(out, resolved, resume=resume, force=force)
     torch.manual_seed(seed)
     if lm is None:
-        from transformers.utils import logging as hf_logging
-
-        from contllm import load
-
-        hf_logging.disable_progress_bar()
-        started = time.perf_counter()
-        lm = load(model, device=device, dtype=dtype)
-        say(f"loaded {lm!r} in {time.perf_counter() - started:.1f} s")
+        lm = load_for_run(model, device=device, dtype=dtype, say=say)
     n_layers = len(attention_modules(lm))
     heads = int(lm.model.config.num_attention_heads)
     if config.layer is not None and not -n_layers <= config.layer < n_layers:
