@@ -14,13 +14,15 @@ for learned absolute position tables (GPT-2), is scoped by :func:`continuous_pos
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
+from contllm.errors import UnsupportedModelError
 from contllm.families import Family, layer_windows
 
 
@@ -127,8 +129,69 @@ def continuous_positions(model: nn.Module, family: Family) -> Iterator[None]:
     assert family.position_table is not None
     parent, name = _owner(model, family.position_table)
     original = getattr(parent, name)
+    if isinstance(original, InterpolatedPositions):  # already inside an outer context
+        yield
+        return
     setattr(parent, name, InterpolatedPositions(original))
     try:
         yield
     finally:
         setattr(parent, name, original)
+
+
+def model_of(model: Any) -> nn.Module:
+    """The nn.Module of a ContinuousLM or of a bare model."""
+    inner = getattr(model, "model", None)
+    if isinstance(model, nn.Module):
+        return model
+    if isinstance(inner, nn.Module):
+        return inner
+    raise UnsupportedModelError(f"expected a ContinuousLM or a transformers model, got {type(model).__name__}")
+
+
+def stock_eager(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The eager attention function of the modeling file that defines ``module``'s class."""
+    function = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if function is None:
+        raise UnsupportedModelError(
+            f"{type(module).__name__} has no eager attention function in {type(module).__module__}"
+        )
+    return function
+
+
+def attention_modules(model: Any) -> list[nn.Module]:
+    """The self-attention module of each decoder layer, in layer order."""
+    model = model_of(model)
+    found = [
+        m
+        for m in model.modules()
+        if type(m).__name__.endswith("Attention")
+        and getattr(sys.modules.get(type(m).__module__), "eager_attention_forward", None) is not None
+    ]
+    expected = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if not found or (expected is not None and len(found) != expected):
+        raise UnsupportedModelError(
+            f"found {len(found)} attention modules in {type(model).__name__}, expected one per layer ({expected})"
+        )
+    return found
+
+
+@contextmanager
+def switched_attention(model: nn.Module, modules: Sequence[nn.Module], name: str) -> Iterator[dict[int, str]]:
+    """Point ``model`` and its attention ``modules`` at the attention function registered as ``name``.
+
+    Yields the implementation each config had before, by ``id(config)``; every config gets
+    it back on exit, also when the body raises.
+    """
+    configs: list[Any] = []
+    for config in [getattr(model, "config", None), *(getattr(m, "config", None) for m in modules)]:
+        if config is not None and all(config is not c for c in configs):
+            configs.append(config)
+    saved = {id(config): config._attn_implementation for config in configs}
+    try:
+        for config in configs:
+            config._attn_implementation = name
+        yield saved
+    finally:
+        for config in configs:
+            config._attn_implementation = saved[id(config)]

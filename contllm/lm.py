@@ -63,6 +63,7 @@ class ContinuousLM:
                 f"{self.family.name}; load the model with attn_implementation in {self.family.backends}"
             )
         self.attn_implementation = impl
+        self._state_dtype: torch.dtype | None = None
 
     # ------------------------------------------------------------------ basics
     @property
@@ -72,6 +73,20 @@ class ContinuousLM:
     @property
     def dtype(self) -> torch.dtype:
         return self.model.get_input_embeddings().weight.dtype
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """The dtype of the hidden state between matmuls: the model's own, or float32 inside
+        :func:`contllm.precision.float32_state` (input embeddings and masks are built in it)."""
+        return self._state_dtype or self.dtype
+
+    @contextmanager
+    def _state_as(self, dtype: torch.dtype) -> Iterator[None]:
+        saved, self._state_dtype = self._state_dtype, dtype
+        try:
+            yield
+        finally:
+            self._state_dtype = saved
 
     def __repr__(self) -> str:
         name = getattr(self.info, "name", None) or getattr(self.model.config, "_name_or_path", "") or "model"
@@ -101,8 +116,8 @@ class ContinuousLM:
     def _inputs_embeds(self, batch: SignalBatch) -> torch.Tensor:
         embedding = self.model.get_input_embeddings()
         if batch.embeds is not None and bool(batch.has_embeds.all()):
-            return batch.embeds.to(device=self.device, dtype=self.dtype)
-        embeds = embedding(batch.token_ids.to(self.device))
+            return batch.embeds.to(device=self.device, dtype=self.state_dtype)
+        embeds = embedding(batch.token_ids.to(self.device)).to(self.state_dtype)
         if batch.embeds is not None:
             given = batch.has_embeds.to(self.device)[:, None, None]
             embeds = torch.where(given, batch.embeds.to(device=self.device, dtype=embeds.dtype), embeds)
@@ -133,7 +148,7 @@ class ContinuousLM:
             # A cache built without a config keeps every key: windows are applied in time by the mask.
             cache = DynamicCache()
         # sdpa wants the mask in the query's dtype; eager adds it in float32 and loses nothing.
-        mask_dtype = torch.float32 if self.attn_implementation == "eager" else self.dtype
+        mask_dtype = torch.float32 if self.attn_implementation == "eager" else self.state_dtype
         mask = model_masks(
             self.family, self.model.config, query_times, key_times, key_durations, dtype=mask_dtype, device=self.device
         )

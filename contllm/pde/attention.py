@@ -17,8 +17,7 @@ cell width is exp(mask value), the duration that contllm's mask carries as log(d
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from contllm.errors import UnsupportedModelError
+from contllm.attention import attention_modules, model_of, stock_eager, switched_attention
 from contllm.pde.dynamics import Dynamics, DynamicsError
 
 #: The name under which the attention function is registered with transformers.
@@ -47,43 +46,6 @@ class Binding:
 
 
 _BINDINGS: dict[nn.Module, Binding] = {}
-
-
-def _model_of(model: Any) -> nn.Module:
-    """The nn.Module of a ContinuousLM or of a bare model."""
-    inner = getattr(model, "model", None)
-    if isinstance(model, nn.Module):
-        return model
-    if isinstance(inner, nn.Module):
-        return inner
-    raise UnsupportedModelError(f"expected a ContinuousLM or a transformers model, got {type(model).__name__}")
-
-
-def stock_eager(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """The eager attention function of the modeling file that defines ``module``'s class."""
-    function = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-    if function is None:
-        raise UnsupportedModelError(
-            f"{type(module).__name__} has no eager attention function in {type(module).__module__}"
-        )
-    return function
-
-
-def attention_modules(model: Any) -> list[nn.Module]:
-    """The self-attention module of each decoder layer, in layer order."""
-    model = _model_of(model)
-    found = [
-        m
-        for m in model.modules()
-        if type(m).__name__.endswith("Attention")
-        and getattr(sys.modules.get(type(m).__module__), "eager_attention_forward", None) is not None
-    ]
-    expected = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-    if not found or (expected is not None and len(found) != expected):
-        raise UnsupportedModelError(
-            f"found {len(found)} attention modules in {type(model).__name__}, expected one per layer ({expected})"
-        )
-    return found
 
 
 def row_support(mask: torch.Tensor | None, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -179,26 +141,18 @@ def pde_attention(
     Yields the attention modules (in layer order). On exit the model's attention
     implementation is the one it had before, also when the body raises.
     """
-    net = _model_of(model)
+    net = model_of(model)
     modules = attention_modules(net)
     heads = int(getattr(net.config, "num_attention_heads", 0) or getattr(net.config, "n_head", 0))
     layer = _index(layer, len(modules), "layer")
     head = _index(head, heads, "head") if head is not None else None
     if any(m in _BINDINGS for m in modules):
         raise DynamicsError("attention dynamics are already active on this model; close that context first")
-    configs: list[Any] = []
-    for config in [net.config, *(getattr(m, "config", None) for m in modules)]:
-        if config is not None and all(config is not c for c in configs):
-            configs.append(config)
-    saved = [(config, config._attn_implementation) for config in configs]
     try:
         for index, module in enumerate(modules):
             _BINDINGS[module] = Binding(index, dynamics, layer is None or layer == index, head, recorder)
-        for config in configs:
-            config._attn_implementation = IMPLEMENTATION
-        yield modules
+        with switched_attention(net, modules, IMPLEMENTATION):
+            yield modules
     finally:
-        for config, implementation in saved:
-            config._attn_implementation = implementation
         for module in modules:
             _BINDINGS.pop(module, None)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from contllm.depth import decoder_layers
-from contllm.pde.attention import _model_of
+from contllm.attention import model_of
 from contllm.pde.dynamics import STEP, DynamicsError
 
 
@@ -130,7 +130,7 @@ def causal_smoothing(model: Any, T: float, *, layer: int | None = None) -> Itera
     """
     if isinstance(T, bool) or not isinstance(T, (int, float)) or not math.isfinite(T) or T < 0:
         raise DynamicsError(f"pseudo-time T must be a finite number >= 0, got {T!r}")
-    net = _model_of(model)
+    net = model_of(model)
     layers = decoder_layers(net)
     n = len(layers)
     if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer < n):

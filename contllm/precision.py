@@ -1,0 +1,178 @@
+"""Half-precision matmuls around a float32 state: how the engine runs a bfloat16 model.
+
+A bfloat16 model run as stock rounds everything to 8 significant bits: the residual
+stream after every addition, the normalised activations, the rotary embedding, the
+attention mask (the log-duration bias included) and the attention itself. On
+SmolLM2-135M that moves next-token probabilities by up to 2.4e-2 from float32. The
+matmuls are where bfloat16 saves time, and rounding only them - their inputs, weights
+and outputs - costs about 1e-2 (measured in benchmarks/sweep.py).
+
+:func:`float32_state` keeps the rest in float32 while the context lasts:
+
+- the input embeddings and the attention masks are built in float32 (through
+  :attr:`ContinuousLM.state_dtype <contllm.lm.ContinuousLM.state_dtype>`);
+- every matmul module (``nn.Linear``, transformers' ``Conv1D``) casts its input to its
+  weight's dtype (a forward pre-hook; one cast serves every module that reads the same
+  tensor) and returns its output in that dtype, which type promotion lifts back to
+  float32 where it meets the residual stream or the rotary embedding;
+- every other floating parameter (normalisation weights and biases) is swapped for a
+  float32 copy;
+- the attention runs the model's own implementation (eager or sdpa) on float32 queries,
+  keys and values, through an attention function registered with transformers'
+  ``AttentionInterface`` under :data:`IMPLEMENTATION`.
+
+Nothing is copied from transformers; on exit (also on an exception) the hooks are
+removed, the original parameter objects are put back and the attention implementation
+is the one the model had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.pytorch_utils import Conv1D
+
+from contllm.attention import attention_modules, stock_eager, switched_attention
+from contllm.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from contllm.lm import ContinuousLM
+
+#: The name under which the float32 attention is registered with transformers.
+IMPLEMENTATION = "contllm_float32"
+
+#: Modules whose weight enters a matmul: they keep their dtype and get inputs cast to it.
+MATMUL_MODULES: tuple[type[nn.Module], ...] = (nn.Linear, Conv1D)
+
+#: The implementation each config had before :func:`float32_state`, by id(config).
+_ORIGINAL: dict[int, str] = {}
+
+
+def is_half(dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` is a 16-bit float (bfloat16 or float16)."""
+    return dtype in (torch.bfloat16, torch.float16)
+
+
+class _InputCast:
+    """Forward pre-hook: cast a matmul module's input to its weight's dtype.
+
+    The norm output that feeds the query, key and value projections is cast once: the
+    last cast is kept and reused while the same tensor object comes back for the same
+    dtype (no supported family modifies a matmul's input in place between two matmuls;
+    inference tensors keep no version counter to check it).
+    """
+
+    def __init__(self) -> None:
+        self._source: torch.Tensor | None = None
+        self._cast: torch.Tensor | None = None
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if not args or not isinstance(args[0], torch.Tensor):
+            return None
+        x = args[0]
+        dtype = module.weight.dtype
+        if not x.is_floating_point() or x.dtype == dtype:
+            return None
+        cast = self._cast
+        if not (x is self._source and cast is not None and cast.dtype == dtype):
+            cast = x.to(dtype)
+            self._source, self._cast = x, cast
+        return (cast, *args[1:])
+
+    def clear(self) -> None:
+        self._source = self._cast = None
+
+
+def _original_attention(module: nn.Module) -> Callable[..., Any]:
+    name = _ORIGINAL.get(id(getattr(module, "config", None)))
+    if name is None:
+        raise UnsupportedModelError(f"{type(module).__name__} is not inside a float32_state() context")
+    if name == "eager":
+        return stock_eager(module)
+    return ALL_ATTENTION_FUNCTIONS.get_interface(name, stock_eager(module))
+
+
+def float32_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, Any]:
+    """The registered attention function: the model's own implementation on float32 inputs.
+
+    For an sdpa model with grouped queries and a float mask (always the case here) it
+    calls ``scaled_dot_product_attention`` with ``enable_gqa``, which reads each key and
+    value head once instead of a float32 copy repeated for every query head; the result
+    is the same.
+    """
+    query, key, value = query.float(), key.float(), value.float()
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.is_floating_point():
+        attention_mask = attention_mask.float()
+    if _plain_sdpa(module, query, key, attention_mask, kwargs):
+        output = nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"), enable_gqa=True
+        )
+        return output.transpose(1, 2).contiguous(), None
+    return _original_attention(module)(module, query, key, value, attention_mask, **kwargs)
+
+
+def _plain_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, mask: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether the model's own sdpa would compute a plain masked attention with repeated key heads."""
+    return (
+        _ORIGINAL.get(id(getattr(module, "config", None))) == "sdpa"
+        and isinstance(mask, torch.Tensor)
+        and mask.is_floating_point()
+        and query.shape[1] != key.shape[1]
+        and query.shape[1] % key.shape[1] == 0
+        and not kwargs.get("dropout")
+        and all(kwargs.get(name) is None for name in ("softcap", "s_aux", "position_bias", "head_mask"))
+    )
+
+
+AttentionInterface.register(IMPLEMENTATION, float32_attention_forward)
+# Masks for this implementation are built like eager ones (additive, in float32).
+AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
+
+
+def _float32_parameters(module: nn.Module, stack: ExitStack) -> None:
+    """Swap the module's own floating half-precision parameters for float32 copies until ``stack`` closes."""
+    for name, param in list(module._parameters.items()):
+        if param is None or not is_half(param.dtype):
+            continue
+        module._parameters[name] = nn.Parameter(param.detach().float(), requires_grad=False)
+        stack.callback(module._parameters.__setitem__, name, param)
+
+
+@contextmanager
+def float32_state(lm: ContinuousLM) -> Iterator[None]:
+    """Run a half-precision ``lm`` with half-precision matmuls and everything else in float32.
+
+    A float32 model is left as it is. Nesting on the same model is a no-op.
+    """
+    model = lm.model
+    if not is_half(lm.dtype) or lm.state_dtype != lm.dtype:
+        yield
+        return
+    modules = attention_modules(model)
+    cast = _InputCast()
+    with ExitStack() as stack:
+        for module in model.modules():
+            if isinstance(module, MATMUL_MODULES):
+                stack.callback(module.register_forward_pre_hook(cast).remove)
+            elif not isinstance(module, nn.Embedding):
+                _float32_parameters(module, stack)
+        stack.callback(cast.clear)
+        saved = stack.enter_context(switched_attention(model, modules, IMPLEMENTATION))
+        _ORIGINAL.update(saved)
+        stack.callback(lambda: [_ORIGINAL.pop(key, None) for key in saved])
+        stack.enter_context(lm._state_as(torch.float32))
+        yield
