@@ -106,6 +106,7 @@ def run_one(
     from contllm.errors import RunDirectoryError
     from contllm.experiments import get_experiment, run_experiment
     from contllm.experiments.base import config_dict
+    from contllm.precision import is_half
     from contllm.runs import RunDir, atomic_write_json, base_manifest, default_out, load_for_run, now
 
     kind = get_experiment(experiment)
@@ -138,6 +139,8 @@ def run_one(
         where = f" with {procs.world_size} processes" if procs.launched else ""
         echo(f"{'resuming' if run.resumed else 'writing'} {experiment} on {model} -> {run.path}{where}")
         manifest = base_manifest(lm, model)
+        if is_half(lm.dtype):  # the engine keeps everything between the matmuls in float32
+            manifest["state_dtype"] = "float32"
         if device_map is not None:
             manifest["device_map"] = device_map
         if procs.launched or run.resumed:

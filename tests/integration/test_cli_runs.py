@@ -51,6 +51,18 @@ def test_counting_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
     assert (out / "results.csv").read_bytes() == before
 
 
+def test_bfloat16_run_records_its_float32_state(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = run_cli(
+        "run", "counting", "--dtype", "bfloat16", "--items", "1", "--samples", "3", "--no-item-figures", "--out", str(out)
+    )
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["dtype"] == "bfloat16" and manifest["state_dtype"] == "float32"
+    rows = read_rows(out / "results.csv")
+    assert len(rows) == 3 * 10 and all(0.0 <= float(r["probability"]) <= 1.0 for r in rows)
+
+
 def test_a_killed_run_resumes_without_recomputing_or_duplicating(tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = ["run", "counting", "--items", "10", "--samples", "6", "--out", str(out), "--no-item-figures"]
