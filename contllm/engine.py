@@ -351,15 +351,15 @@ def _same_tokens(signals: Sequence[Signal], limit: int, lm: ContinuousLM) -> tor
     if all(s.embeds is None for s in signals):
         ids = torch.stack([s.token_ids[:limit] for s in signals])  # type: ignore[index]
         return same & (ids == ids[:1]).all(0)
-    # Compare what the model will see: embeddings in its dtype, given or looked up.
+    # Compare what the model will see: embeddings in its state dtype, given or looked up.
     embedding = lm.model.get_input_embeddings()
     rows = []
     for s in signals:
         if s.embeds is not None:
-            rows.append(s.embeds[:limit].to(device=lm.device, dtype=lm.dtype))
+            rows.append(s.embeds[:limit].to(device=lm.device, dtype=lm.state_dtype))
         else:
             assert s.token_ids is not None
-            rows.append(embedding(s.token_ids[:limit].to(lm.device)))
+            rows.append(embedding(s.token_ids[:limit].to(lm.device)).to(lm.state_dtype))
     stacked = torch.stack(rows)
     return same & (stacked == stacked[:1]).all(0).all(-1).cpu()
 

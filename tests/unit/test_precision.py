@@ -143,3 +143,23 @@ def test_nested_state_is_a_no_op_and_exit_restores_after_an_error() -> None:
             assert inside != before
             raise RuntimeError("boom")
     assert snapshot(lm.model) == before and lm.state_dtype == torch.bfloat16
+
+
+def test_shared_prefix_compares_embeddings_at_the_state_precision() -> None:
+    """A nudge below bfloat16's resolution still ends the prefix: the float32 state feeds it."""
+    from contllm import Signal
+    from contllm.engine import shared_prefix_len
+    from tests.unit.tiny import prompt
+
+    lm = half_lm("llama", "sdpa")
+    embeds = lm.embed(Signal.from_ids(prompt(8, 3)))[0].float()
+    nudged = embeds.clone()
+    nudged[4] *= 1 + 2**-12  # bfloat16 keeps 8 significant bits: rounds back to the same values
+    signals = [Signal.from_embeds(embeds), Signal.from_embeds(nudged)]
+    assert shared_prefix_len(signals, lm) == 7  # rounded to the model's dtype, the nudge is gone
+    with lm.patched(), float32_state(lm):
+        assert shared_prefix_len(signals, lm) == 4
+    engine = Engine(lm)
+    got = engine.logits(signals)
+    assert engine.last_stats is not None and engine.last_stats.prefix_lens == (4,)
+    assert max_diff(got[0], got[1]) > 0  # a prefix of 7 shared from the first signal would make them equal
