@@ -159,7 +159,8 @@ def float32_state(lm: ContinuousLM) -> Iterator[None]:
     A float32 model is left as it is. Nesting on the same model is a no-op.
     """
     model = lm.model
-    if not is_half(lm.dtype) or lm.state_dtype != lm.dtype:
+    active = lm.state_dtype != lm.dtype or getattr(model.config, "_attn_implementation", None) == IMPLEMENTATION
+    if not is_half(lm.dtype) or active:
         yield
         return
     modules = attention_modules(model)
