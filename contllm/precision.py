@@ -5,7 +5,7 @@ stream after every addition, the normalised activations, the rotary embedding, t
 attention mask (the log-duration bias included) and the attention itself. On
 SmolLM2-135M that moves next-token probabilities by up to 2.4e-2 from float32. The
 matmuls are where bfloat16 saves time, and rounding only them - their inputs, weights
-and outputs - costs about 1e-2 (measured in benchmarks/sweep.py).
+and outputs - costs about 1e-2 (measured in benchmarks/README.md).
 
 :func:`float32_state` keeps the rest in float32 while the context lasts:
 
@@ -19,7 +19,8 @@ and outputs - costs about 1e-2 (measured in benchmarks/sweep.py).
   float32 copy;
 - the attention runs the model's own implementation (eager or sdpa) on float32 queries,
   keys and values, through an attention function registered with transformers'
-  ``AttentionInterface`` under :data:`IMPLEMENTATION`.
+  ``AttentionInterface`` under :data:`IMPLEMENTATION` (grouped-query sdpa reads each key
+  head once instead of a float32 copy per query head).
 
 Nothing is copied from transformers; on exit (also on an exception) the hooks are
 removed, the original parameter objects are put back and the attention implementation
