@@ -48,7 +48,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from contllm.errors import ExperimentError, UnsupportedModelError
-from contllm.experiments.base import parse_floats
+from contllm.experiments.base import parse_floats, parse_ints
 
 # ---------------------------------------------------------------------------- the layer stack
 
@@ -980,17 +980,6 @@ def select_prompts(items: str | Sequence[str] | None, prompts: Sequence[DepthPro
     return [by_id[i] for i in items]
 
 
-def _parse_ints(text: str | Sequence[int], what: str) -> tuple[int, ...]:
-    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
-    try:
-        values = tuple(int(p) for p in parts if p != "")
-    except (TypeError, ValueError):
-        raise ExperimentError(f"{what} must be comma-separated integers, got {text!r}") from None
-    if not values:
-        raise ExperimentError(f"{what} is empty")
-    return values
-
-
 DEFAULT_ALPHAS = tuple(float(a) for a in np.round(np.linspace(0.0, 2.0, 9), 6))
 
 
@@ -1029,7 +1018,7 @@ class DepthConfig:
 
     def __post_init__(self) -> None:
         if self.layers is not None:
-            self.layers = _parse_ints(self.layers, "layers")
+            self.layers = parse_ints(self.layers, "layers")
         self.eps = parse_floats(self.eps, "eps")
         for e in self.eps:
             if not (math.isfinite(e) and e > 0):
@@ -1787,7 +1776,7 @@ def depth_config_from_options(
     """A :class:`DepthConfig` from command-line strings ("0,15,-1", "1e-3,1e-2", "0,0.5,1,2"); None: the default."""
     kwargs: dict[str, Any] = {"seed": int(seed)}
     if layer is not None:
-        kwargs["layers"] = _parse_ints(layer, "--layer")
+        kwargs["layers"] = parse_ints(layer, "--layer")
     if eps is not None:
         kwargs["eps"] = parse_floats(eps, "--eps")
     if alphas is not None:

@@ -45,11 +45,20 @@ def sweep_values(low: float, high: float, samples: int, *, include: float | None
 
 def parse_floats(text: str | Sequence[float], what: str) -> tuple[float, ...]:
     """Numbers from "a,b,c" (or a sequence of numbers); ExperimentError naming ``what`` if any is not one, or none is given."""
+    return _parse_list(text, what, float, "numbers")
+
+
+def parse_ints(text: str | Sequence[int], what: str) -> tuple[int, ...]:
+    """Integers from "a,b,c" (or a sequence of integers); ExperimentError naming ``what`` if any is not one, or none is given."""
+    return _parse_list(text, what, int, "integers")
+
+
+def _parse_list(text: Any, what: str, kind: Callable[[Any], Any], noun: str) -> tuple[Any, ...]:
     parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
     try:
-        values = tuple(float(p) for p in parts if p != "")
+        values = tuple(kind(p) for p in parts if p != "")
     except (TypeError, ValueError):
-        raise ExperimentError(f"{what} must be comma-separated numbers, got {text!r}") from None
+        raise ExperimentError(f"{what} must be comma-separated {noun}, got {text!r}") from None
     if not values:
         raise ExperimentError(f"{what} is empty")
     return values
