@@ -1,8 +1,8 @@
 """contllm: probe the implicit continuity of pretrained language models.
 
-Start from :func:`load` (an embedded alias, a Hugging Face id or a local directory) and
-build :class:`Signal` objects from text; edit durations by character spans; evaluate
-with :class:`ContinuousLM`.
+Start from :func:`load` (an embedded alias, a Hugging Face id or a local directory), or
+:func:`wrap` a transformers model and tokenizer you already hold; build :class:`Signal`
+objects from text; edit durations by character spans; evaluate with :class:`ContinuousLM`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ from contllm.errors import (
     UnsupportedModelError,
 )
 from contllm.families import FAMILIES, Family, family_of
-from contllm.lm import ContinuousLM, Generation
+from contllm.lm import ContinuousLM, Generation, wrap
+from contllm.models import DEFAULT_MODEL, load_model
 from contllm.signal import Signal, SignalBatch, pad_signals
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_MODEL",
     "FAMILIES",
     "ContinuousLM",
     "ContllmError",
@@ -39,16 +41,15 @@ __all__ = [
     "family_of",
     "load",
     "pad_signals",
+    "wrap",
 ]
 
 
-def load(name: str = "smollm2-135m", **options: Any) -> ContinuousLM:
+def load(name: str = DEFAULT_MODEL, **options: Any) -> ContinuousLM:
     """Load a model (embedded alias, Hugging Face id or local directory) ready for continuous inputs.
 
     Options are those of :func:`contllm.models.load_model` (device, dtype,
     attn_implementation, device_map, max_memory, cache_dir, trust_remote_code).
     """
-    from contllm.models import load_model
-
     loaded = load_model(name, **options)
     return ContinuousLM(loaded.model, loaded.tokenizer, loaded.info)

@@ -23,7 +23,20 @@ import torch
 from torch import nn
 
 from contllm.errors import UnsupportedModelError
-from contllm.families import Family, layer_windows
+from contllm.families import Family, attention_modules, layer_windows, model_of
+
+# Re-exported: the attention modules and the model behind a ContinuousLM are read from the
+# family table, and contllm.pde and contllm.precision import them from here.
+__all__ = [
+    "InterpolatedPositions",
+    "attention_modules",
+    "continuous_positions",
+    "model_masks",
+    "model_of",
+    "stock_eager",
+    "switched_attention",
+    "time_mask",
+]
 
 
 def time_mask(
@@ -139,16 +152,6 @@ def continuous_positions(model: nn.Module, family: Family) -> Iterator[None]:
         setattr(parent, name, original)
 
 
-def model_of(model: Any) -> nn.Module:
-    """The nn.Module of a ContinuousLM or of a bare model."""
-    inner = getattr(model, "model", None)
-    if isinstance(model, nn.Module):
-        return model
-    if isinstance(inner, nn.Module):
-        return inner
-    raise UnsupportedModelError(f"expected a ContinuousLM or a transformers model, got {type(model).__name__}")
-
-
 def stock_eager(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """The eager attention function of the modeling file that defines ``module``'s class."""
     function = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
@@ -157,23 +160,6 @@ def stock_eager(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Te
             f"{type(module).__name__} has no eager attention function in {type(module).__module__}"
         )
     return function
-
-
-def attention_modules(model: Any) -> list[nn.Module]:
-    """The self-attention module of each decoder layer, in layer order."""
-    model = model_of(model)
-    found = [
-        m
-        for m in model.modules()
-        if type(m).__name__.endswith("Attention")
-        and getattr(sys.modules.get(type(m).__module__), "eager_attention_forward", None) is not None
-    ]
-    expected = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-    if not found or (expected is not None and len(found) != expected):
-        raise UnsupportedModelError(
-            f"found {len(found)} attention modules in {type(model).__name__}, expected one per layer ({expected})"
-        )
-    return found
 
 
 @contextmanager

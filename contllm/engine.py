@@ -1,4 +1,4 @@
-"""Batched evaluation of many signals: chunks, a shared prefix through the KV cache, last-position logits.
+"""The one evaluation path: many signals, in chunks, a shared prefix through the KV cache, read positions only.
 
 A sweep evaluates one prompt under many edits (durations scaled by c, an interpolation
 at alpha), so its signals usually agree on every token before the first edited one.
@@ -6,7 +6,9 @@ at alpha), so its signals usually agree on every token before the first edited o
 in each chunk it finds the longest prefix shared by every signal (same token id or
 embedding, same duration, same time), runs it once with batch size 1, repeats its KV
 cache along the batch and continues with the rest of each signal as one left-padded
-batch, projecting only the last column onto the vocabulary.
+batch, projecting only the read columns (by default the last) onto the vocabulary.
+:meth:`ContinuousLM.logits <contllm.lm.ContinuousLM.logits>` and ``probs`` run through
+an :class:`Engine`, so a model gives the same numbers whichever way it is called.
 
 The result equals evaluating every signal alone: the cached keys are those the full
 forward would compute, the padding between prefix and rest has duration 0 (absent from
@@ -18,15 +20,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from contllm.errors import SignalError, UnsupportedModelError
-from contllm.lm import Context, ContinuousLM
-from contllm.precision import float32_state
-from contllm.signal import Signal, pad_signals
+from contllm.families import decoder_layers, final_norm
+from contllm.precision import float32_readout, float32_state
+from contllm.signal import Signal, SignalBatch, pad_signals
+
+#: Which outputs to read: "last", "all", a token index, or a list of them (negative from each signal's end).
+Positions = Literal["last", "all"] | int | Sequence[int]
 
 #: Budget of a chunk on the CPU, in batch rows x padded width (prefix keys included).
 #: Measured on a 2-core CPU with SmolLM2-135M (100 signals of 127 tokens): budgets from
@@ -38,8 +44,6 @@ CPU_BATCH_TOKENS = 8192
 _ACCELERATOR_MEMORY_SHARE = 0.5
 #: Key width assumed when estimating the attention scores of one token on an accelerator.
 _ASSUMED_KEY_WIDTH = 512
-#: Largest float32 block of the vocabulary projection cast at once by the float32 read-out.
-_HEAD_BLOCK_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -81,15 +85,62 @@ class EngineStats:
         return sum(c.prefix_len * c.prefix_computed + c.rows * c.width for c in self.chunks)
 
 
-class Engine:
-    """Next-token logits of many signals, batched, chunked and sharing their common prefix.
+@dataclass
+class Context:
+    """Keys already in a KV cache: their times and durations [batch, keys]."""
 
-    lm: the model to evaluate (any supported family, any dtype; outputs are float32).
+    cache: Any
+    times: torch.Tensor
+    durations: torch.Tensor
+
+
+class EvaluatedModel(Protocol):
+    """What the engine needs of a :class:`~contllm.lm.ContinuousLM` (typed here so that lm -> engine stays one-way)."""
+
+    model: Any
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def state_dtype(self) -> torch.dtype: ...
+
+    def patched(self) -> Any: ...
+
+    def forward_batch(self, batch: SignalBatch, **options: Any) -> tuple[torch.Tensor, Context | None]:
+        """One forward of a padded batch (options: logits_to_keep, context, use_cache)."""
+
+
+@contextmanager
+def evaluation(lm: EvaluatedModel, *, float32: bool = True) -> Iterator[None]:
+    """The context every evaluation of ``lm`` runs in, the engine's and ``generate``'s alike.
+
+    The model takes continuous inputs, in inference mode; a half-precision model reads
+    its outputs through a float32 head and, with ``float32``, keeps its state in float32
+    between half-precision matmuls (:mod:`contllm.precision`). All is undone on exit.
+    """
+    state = float32_state(lm) if float32 else nullcontext()
+    with lm.patched(), float32_readout(lm.model), state:
+        yield
+
+
+class Engine:
+    """Logits of many signals, batched, chunked and sharing their common prefix.
+
+    lm: the model to evaluate (a ContinuousLM of any supported family, any dtype;
+        outputs are float32). ``lm.logits`` and ``lm.probs`` run through an engine with
+        the defaults below, so both give the same numbers.
     max_batch_tokens: budget of one chunk in batch rows x padded width, prefix keys
         included; None picks :data:`CPU_BATCH_TOKENS` on the CPU and an estimate from the
         free memory on an accelerator. A signal longer than the budget runs alone.
     prefix_cache: compute the prefix shared by a chunk's signals once (True) or run every
-        signal in full (False); both give the same logits.
+        signal in full (False); both give the same logits. The prefix is not used while
+        a forward hook sits on a decoder layer or the final norm: such a hook may read
+        the whole sequence (contllm.pde's hidden smoothing does), and would see only the
+        tokens after the prefix.
     float32_state: a half-precision (bfloat16, float16) model runs its matmuls in its own
         dtype and everything between them - residual stream, normalisations, rotary
         embedding, masks, attention - in float32 (:func:`contllm.precision.float32_state`;
@@ -98,19 +149,19 @@ class Engine:
         unaffected.
 
     A half-precision model's read positions are projected onto the vocabulary in float32
-    (see :func:`_float32_readout`). After each call, ``last_stats`` records what every
-    chunk computed (:class:`EngineStats`).
+    (see :func:`contllm.precision.float32_readout`). After each call, ``last_stats``
+    records what every chunk computed (:class:`EngineStats`).
     """
 
     def __init__(
         self,
-        lm: ContinuousLM,
+        lm: EvaluatedModel,
         *,
         max_batch_tokens: int | None = None,
         prefix_cache: bool = True,
         float32_state: bool = True,
     ) -> None:
-        if not isinstance(lm, ContinuousLM):
+        if not callable(getattr(lm, "forward_batch", None)) or not callable(getattr(lm, "patched", None)):
             raise TypeError(f"Engine needs a ContinuousLM, got {type(lm).__name__}")
         if max_batch_tokens is not None and (not isinstance(max_batch_tokens, int) or max_batch_tokens < 1):
             raise SignalError(f"max_batch_tokens must be a positive integer or None, got {max_batch_tokens!r}")
@@ -127,74 +178,96 @@ class Engine:
         )
 
     # ------------------------------------------------------------------ public
-    def logits(self, signals: Sequence[Signal], *, progress: Callable[[int], None] | None = None) -> torch.Tensor:
-        """Logits at the last token of each signal: float32 [len(signals), vocab] on the CPU, in input order.
+    def logits(
+        self,
+        signals: Sequence[Signal],
+        *,
+        positions: Positions = "last",
+        progress: Callable[[int], None] | None = None,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """Logits of each signal, float32 on the CPU, in input order.
 
+        positions: "last" -> [n, vocab]; an int or a list of k ints (token indices of
+            each signal, negative from its end) -> [n, vocab] or [n, k, vocab]; "all" ->
+            a list of n tensors [tokens_i, vocab].
         progress: called after each chunk with the number of signals finished so far.
         """
         items = _check_signals(signals)
+        reads = _read_indices(items, positions)
         stats = EngineStats()
-        out: list[torch.Tensor] = []
+        out: list[Any] = []
         reusable: _Prefix | None = None
-        state = float32_state(self.lm) if self.float32_state else nullcontext()
-        with self.lm.patched(), _float32_readout(self.lm.model), state:
+        with evaluation(self.lm, float32=self.float32_state):
+            use_prefix = self.prefix_cache and not _hooked(self.lm.model)
             for lo, hi in plan_chunks([len(s) for s in items], self.max_batch_tokens):
-                chunk = items[lo:hi]
-                logits, reusable, chunk_stats = self._chunk(chunk, reusable)
-                out.append(logits)
+                logits, reusable, chunk_stats = self._chunk(items[lo:hi], reads[lo:hi], positions, use_prefix, reusable)
+                out.extend(logits)
                 stats.chunks.append(chunk_stats)
                 if progress is not None:
                     progress(hi)
         self.last_stats = stats
-        return torch.cat(out)
+        return out if positions == "all" else torch.stack(out)
 
     def probs(
         self,
         signals: Sequence[Signal],
         *,
+        positions: Positions = "last",
         token_ids: torch.Tensor | Sequence[int] | None = None,
         progress: Callable[[int], None] | None = None,
-    ) -> torch.Tensor:
-        """Next-token distributions (softmax over the full vocabulary, float32) at each signal's last token.
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """Next-token distributions (softmax over the full vocabulary, float32), shaped as :meth:`logits`.
 
-        token_ids: long [k] to read the probabilities of only those tokens -> [n, k];
-        None -> the whole distribution [n, vocab].
+        token_ids: long [k] to read the probabilities of only those tokens (the last
+        dimension becomes k); None -> the whole distribution.
         """
         wanted = None
         if token_ids is not None:
             wanted = torch.as_tensor(token_ids)
             if wanted.ndim != 1 or wanted.is_floating_point() or wanted.is_complex():
                 raise SignalError(f"token_ids must be a 1-D integer sequence, got shape {tuple(wanted.shape)}")
-        logits = self.logits(signals, progress=progress)
-        probs = torch.softmax(logits, dim=-1)
-        if wanted is None:
-            return probs
-        vocab = probs.shape[-1]
-        if wanted.numel() and (int(wanted.min()) < 0 or int(wanted.max()) >= vocab):
-            raise SignalError(f"token_ids must lie in [0, {vocab}); got values from {int(wanted.min())} to {int(wanted.max())}")
-        return probs[:, wanted.long()]
+        logits = self.logits(signals, positions=positions, progress=progress)
+        if isinstance(logits, list):
+            return [_pick(torch.softmax(x, dim=-1), wanted) for x in logits]
+        return _pick(torch.softmax(logits, dim=-1), wanted)
 
     # ------------------------------------------------------------------ chunks
     def _chunk(
-        self, chunk: list[Signal], reusable: _Prefix | None
-    ) -> tuple[torch.Tensor, _Prefix | None, ChunkStats]:
+        self,
+        chunk: list[Signal],
+        reads: list[list[int]],
+        positions: Positions,
+        use_prefix: bool,
+        reusable: _Prefix | None,
+    ) -> tuple[list[torch.Tensor], _Prefix | None, ChunkStats]:
         lm = self.lm
         n = len(chunk)
-        p = shared_prefix_len(chunk, lm) if self.prefix_cache and n > 1 else 0
-        if p == 0:
-            batch = pad_signals(chunk, side="left")
-            logits, _ = lm.forward_batch(batch, logits_to_keep=1)
-            stats = ChunkStats(n, 0, False, batch.width, tuple(len(s) for s in chunk))
-            return logits[:, -1].float().cpu(), reusable, stats
-
-        computed = reusable is None or not reusable.serves(chunk[0], p, lm)
-        prefix = _Prefix.compute(lm, chunk[0], p) if computed else reusable
-        assert prefix is not None
+        # The prefix ends before the first position read in the chunk: its outputs are never projected.
+        first_read = min(min(r) for r in reads)
+        p = shared_prefix_len(chunk, lm, before=first_read) if use_prefix and n > 1 else 0
+        context = None
+        computed = False
+        if p > 0:
+            computed = reusable is None or not reusable.serves(chunk[0], p, lm)
+            reusable = _Prefix.compute(lm, chunk[0], p) if computed else reusable
+            assert reusable is not None
+            context = reusable.repeated(n)
         rests = [_tail(s, p) for s in chunk]
         batch = pad_signals(rests, side="left")
-        logits, _ = lm.forward_batch(batch, logits_to_keep=1, context=prefix.repeated(n))
+        pad = [int(x) for x in batch.pad_left]
         stats = ChunkStats(n, p, computed, batch.width, tuple(len(s) for s in rests))
-        return logits[:, -1].float().cpu(), prefix, stats
+        if positions == "last":
+            logits, _ = lm.forward_batch(batch, logits_to_keep=1, context=context)
+            return list(logits[:, -1].float().cpu()), reusable, stats
+        if positions == "all":
+            logits, _ = lm.forward_batch(batch, logits_to_keep=0, context=context)
+            return [logits[r, pad[r] :].float().cpu() for r in range(n)], reusable, stats
+        # Columns of the padded batch that hold each signal's read positions.
+        columns = torch.tensor([[pad[r] + i - p for i in row] for r, row in enumerate(reads)], dtype=torch.long)
+        keep = torch.unique(columns)
+        logits, _ = lm.forward_batch(batch, logits_to_keep=keep.to(lm.device), context=context)
+        picked = logits.float().cpu()[torch.arange(n)[:, None], torch.searchsorted(keep, columns)]
+        return list(picked[:, 0] if isinstance(positions, int) else picked), reusable, stats
 
 
 @dataclass
@@ -206,7 +279,7 @@ class _Prefix:
     context: Context
 
     @classmethod
-    def compute(cls, lm: ContinuousLM, source: Signal, length: int) -> _Prefix:
+    def compute(cls, lm: EvaluatedModel, source: Signal, length: int) -> _Prefix:
         head = _slice(source, 0, length)
         # No position of the prefix is read: project none of them onto the vocabulary.
         no_columns = torch.empty(0, dtype=torch.long, device=lm.device)
@@ -221,7 +294,7 @@ class _Prefix:
                 )
         return cls(source, length, context)
 
-    def serves(self, signal: Signal, length: int, lm: ContinuousLM) -> bool:
+    def serves(self, signal: Signal, length: int, lm: EvaluatedModel) -> bool:
         """Whether this prefix is the first ``length`` tokens of ``signal``."""
         return length == self.length and _same_tokens([self.source, signal], length, lm).all().item()
 
@@ -242,57 +315,7 @@ class _Prefix:
 
 
 # ---------------------------------------------------------------------- helpers
-class _Float32Head(nn.Module):
-    """A vocabulary projection computed in float32 from a half-precision hidden state.
-
-    The weight is cast block by block (at most :data:`_HEAD_BLOCK_BYTES` in float32 at
-    a time), so no float32 copy of a large vocabulary is ever held.
-    """
-
-    def __init__(self, head: nn.Linear) -> None:
-        super().__init__()
-        self.head = head
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.head.weight, self.head.bias
-        vocab, width = weight.shape
-        block = max(1, _HEAD_BLOCK_BYTES // (4 * width))
-        # One contiguous 2-D matrix of rows: a strided 3-D slice (the last column of a
-        # batch) would make the product broadcast the weight over the batch.
-        h = hidden.reshape(-1, width).float().contiguous()
-        out = torch.empty(h.shape[0], vocab, dtype=torch.float32, device=h.device)
-        if out.numel() > 0:
-            for lo in range(0, vocab, block):
-                hi = min(lo + block, vocab)
-                b = None if bias is None else bias[lo:hi].float()
-                out[:, lo:hi] = nn.functional.linear(h, weight[lo:hi].float(), b)
-        return out.view(*hidden.shape[:-1], vocab)
-
-
-@contextmanager
-def _float32_readout(model: nn.Module) -> Iterator[None]:
-    """Project the read positions onto the vocabulary in float32 while the context lasts.
-
-    In bfloat16 a logit near 20 is rounded to a multiple of 0.125, which moves a
-    probability of 0.4 by up to 0.03; the hidden state holds more than that. Only the
-    read positions are projected, so the float32 head costs little more than one cast
-    of its weight per forward. A float32 model, or a head that is not a plain Linear, is
-    left as it is.
-    """
-    head = model.get_output_embeddings()
-    if not isinstance(head, nn.Linear) or head.weight.dtype == torch.float32:
-        yield
-        return
-    parent_name, _, attr = next(name for name, m in model.named_modules() if m is head).rpartition(".")
-    parent = model.get_submodule(parent_name)
-    setattr(parent, attr, _Float32Head(head))
-    try:
-        yield
-    finally:
-        setattr(parent, attr, head)
-
-
-def default_batch_tokens(lm: ContinuousLM) -> int:
+def default_batch_tokens(lm: EvaluatedModel) -> int:
     """The chunk budget (rows x padded width) used when none is given.
 
     CPU (and any device without memory statistics): :data:`CPU_BATCH_TOKENS`. CUDA: half
@@ -334,16 +357,21 @@ def plan_chunks(lengths: Sequence[int], max_batch_tokens: int) -> list[tuple[int
     return chunks
 
 
-def shared_prefix_len(signals: Sequence[Signal], lm: ContinuousLM) -> int:
-    """Tokens at the start that every signal shares (token, duration and time), leaving each at least one more."""
+def shared_prefix_len(signals: Sequence[Signal], lm: EvaluatedModel, *, before: int | None = None) -> int:
+    """Tokens at the start that every signal shares (token, duration and time), leaving each at least one more.
+
+    before: the prefix ends at or before this token index (the first one read), or None.
+    """
     limit = min(len(s) for s in signals) - 1
+    if before is not None:
+        limit = min(limit, before)
     if limit <= 0:
         return 0
     same = _same_tokens(signals, limit, lm)
     return int(same.long().cumprod(0).sum())
 
 
-def _same_tokens(signals: Sequence[Signal], limit: int, lm: ContinuousLM) -> torch.Tensor:
+def _same_tokens(signals: Sequence[Signal], limit: int, lm: EvaluatedModel) -> torch.Tensor:
     """bool [limit]: token i (i < limit) is the same input in every signal."""
     durations = torch.stack([s.durations[:limit] for s in signals])
     times = torch.stack([s.times[:limit] for s in signals])
@@ -388,3 +416,40 @@ def _check_signals(signals: Sequence[Signal]) -> list[Signal]:
         if not isinstance(s, Signal):
             raise SignalError(f"item {i} is a {type(s).__name__}, not a Signal")
     return items
+
+
+def _read_indices(signals: list[Signal], positions: Positions) -> list[list[int]]:
+    """The token indices read of each signal, each in [0, len): SignalError for one outside a signal."""
+    if positions == "last":
+        return [[len(s) - 1] for s in signals]
+    if positions == "all":
+        return [list(range(len(s))) for s in signals]
+    if isinstance(positions, str) or isinstance(positions, bool):
+        raise SignalError(f"positions must be 'last', 'all', an int or a list of ints, got {positions!r}")
+    wanted = [positions] if isinstance(positions, int) else [int(p) for p in positions]
+    if not wanted:
+        raise SignalError("positions is an empty list")
+    out = []
+    for s in signals:
+        n = len(s)
+        for p in wanted:
+            if not -n <= p < n:
+                raise SignalError(f"position {p} is outside a signal of {n} tokens")
+        out.append([p % n for p in wanted])
+    return out
+
+
+def _hooked(model: Any) -> bool:
+    """Whether a forward hook sits on a decoder layer or the final norm (it may read the whole sequence)."""
+    modules = [*decoder_layers(model), final_norm(model)]
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+def _pick(probs: torch.Tensor, wanted: torch.Tensor | None) -> torch.Tensor:
+    """The columns ``wanted`` of the last dimension (all of them for None), checked against the vocabulary."""
+    if wanted is None:
+        return probs
+    vocab = probs.shape[-1]
+    if wanted.numel() and (int(wanted.min()) < 0 or int(wanted.max()) >= vocab):
+        raise SignalError(f"token_ids must lie in [0, {vocab}); got values from {int(wanted.min())} to {int(wanted.max())}")
+    return probs[..., wanted.long()]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from torch import nn
+
 from contllm.errors import UnsupportedModelError
 
 Positions = Literal["rotary", "learned"]
@@ -26,7 +28,13 @@ class Family:
     windows: "none"; "config" (``config.sliding_window`` applies to every layer, one
         mask); or "layer_types" (``config.layer_types`` names each layer's kind, one mask
         per kind, the sliding kind windowed by ``config.sliding_window``).
-    backends: attention implementations that add a float 4D mask to the logits.
+    backends: attention implementations that add a float 4D mask to the logits; loading
+        picks "sdpa" where it is listed, else the first.
+    layers: path of the decoder layers' ModuleList from the causal-LM model.
+    norm: path of the norm between the last decoder layer and the vocabulary head.
+    attention: name of the self-attention submodule inside one decoder layer.
+    heads, kv_heads: config attributes of the query and key/value head counts; a family
+        without grouped queries has kv_heads None (as many key/value heads as queries).
     notes: quirks worth knowing, shown in docs and errors.
     """
 
@@ -36,6 +44,11 @@ class Family:
     windows: Windows = "none"
     backends: tuple[str, ...] = ("eager", "sdpa")
     position_table: str | None = None
+    layers: str = "model.layers"
+    norm: str = "model.norm"
+    attention: str = "self_attn"
+    heads: str = "num_attention_heads"
+    kv_heads: str | None = "num_key_value_heads"
     notes: str = ""
 
 
@@ -56,12 +69,30 @@ FAMILIES: tuple[Family, ...] = (
         windows="layer_types",
         notes="separate rotary bases for local and global layers; local layers slide",
     ),
-    Family("phi", ("phi",), notes="partial rotary"),
+    Family("phi", ("phi",), norm="model.final_layernorm", notes="partial rotary"),
     Family("phi3", ("phi3",), windows="config", notes="long-context rope picks frequencies from max(position) + 1"),
     Family("qwen2", ("qwen2",), windows="layer_types"),
     Family("qwen3", ("qwen3",), windows="layer_types"),
-    Family("gpt_neox", ("gpt_neox",), notes="partial rotary"),
-    Family("gpt2", ("gpt2",), positions="learned", position_table="transformer.wpe"),
+    Family(
+        "gpt_neox",
+        ("gpt_neox",),
+        layers="gpt_neox.layers",
+        norm="gpt_neox.final_layer_norm",
+        attention="attention",
+        kv_heads=None,
+        notes="partial rotary",
+    ),
+    Family(
+        "gpt2",
+        ("gpt2",),
+        positions="learned",
+        position_table="transformer.wpe",
+        layers="transformer.h",
+        norm="transformer.ln_f",
+        attention="attn",
+        heads="n_head",
+        kv_heads=None,
+    ),
 )
 
 SLIDING_LAYER_TYPE = "sliding_attention"
@@ -111,3 +142,78 @@ def layer_windows(family: Family, config: Any) -> dict[str, float | None] | floa
                 f"(supported: {FULL_LAYER_TYPE}, {SLIDING_LAYER_TYPE})"
             )
     return out
+
+
+def model_of(model: Any) -> nn.Module:
+    """The transformers model itself, given it or anything holding it as ``.model`` (a ContinuousLM)."""
+    if isinstance(model, nn.Module):
+        return model
+    inner = getattr(model, "model", None)
+    if isinstance(inner, nn.Module):
+        return inner
+    raise UnsupportedModelError(f"expected a ContinuousLM or a transformers model, got {type(model).__name__}")
+
+
+def _submodule(model: nn.Module, path: str, what: str, family: Family) -> nn.Module:
+    """The module at ``path`` from the causal LM, or from its base model when given that instead."""
+    _, _, inner_path = path.partition(".")
+    # A bare base model (LlamaModel rather than LlamaForCausalLM) holds the path without its first step.
+    for root, rel in ((model, path), (getattr(model, "base_model", None), inner_path)):
+        if not isinstance(root, nn.Module) or not rel:
+            continue
+        try:
+            return root.get_submodule(rel)
+        except AttributeError:
+            continue
+    raise UnsupportedModelError(
+        f"{family.name}: no {what} at {type(model).__name__}.{path} (the family table's path); "
+        f"the model's top-level modules are {', '.join(n for n, _ in model.named_children())}"
+    )
+
+
+def decoder_layers(model: Any) -> nn.ModuleList:
+    """The decoder layers of a causal LM (or a ContinuousLM), in order, as the family table places them."""
+    net = model_of(model)
+    family = family_of(net)
+    layers = _submodule(net, family.layers, "decoder layers", family)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise UnsupportedModelError(
+            f"{family.name}: {type(net).__name__}.{family.layers} is a {type(layers).__name__}, "
+            "not a non-empty ModuleList of decoder layers"
+        )
+    return layers
+
+
+def final_norm(model: Any) -> nn.Module:
+    """The norm between the last decoder layer and the vocabulary head of a causal LM (or a ContinuousLM)."""
+    net = model_of(model)
+    family = family_of(net)
+    return _submodule(net, family.norm, "final norm", family)
+
+
+def attention_modules(model: Any) -> list[nn.Module]:
+    """The self-attention module of each decoder layer, in layer order (one per layer)."""
+    net = model_of(model)
+    family = family_of(net)
+    found = []
+    for index, layer in enumerate(decoder_layers(net)):
+        module = getattr(layer, family.attention, None)
+        if not isinstance(module, nn.Module):
+            raise UnsupportedModelError(
+                f"{family.name}: decoder layer {index} ({type(layer).__name__}) has no attention module "
+                f"{family.attention!r}; its submodules are {', '.join(n for n, _ in layer.named_children())}"
+            )
+        found.append(module)
+    return found
+
+
+def head_counts(config: Any) -> tuple[int, int]:
+    """(query heads, key/value heads) of a model's config (or of a model, or a ContinuousLM)."""
+    if not hasattr(config, "model_type"):
+        config = model_of(config).config
+    family = family_of(config)
+    heads = getattr(config, family.heads, None)
+    if not isinstance(heads, int) or heads < 1:
+        raise UnsupportedModelError(f"{family.name}: config.{family.heads} is {heads!r}, not a head count")
+    kv_heads = getattr(config, family.kv_heads, None) if family.kv_heads else None
+    return heads, int(kv_heads) if kv_heads else heads

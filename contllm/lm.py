@@ -11,17 +11,18 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from contllm.attention import continuous_positions, model_masks
+from contllm.engine import Context, Engine, Positions, evaluation
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.families import Family, family_of
 from contllm.signal import Signal, SignalBatch, pad_signals
 
-Positions = Literal["last", "all"] | int | Sequence[int]
+__all__ = ["Context", "ContinuousLM", "Generation", "Positions", "wrap"]
 
 
 @dataclass
@@ -33,20 +34,14 @@ class Generation:
     signal: Signal  # the prompt followed by the generated tokens (duration 1 each)
 
 
-@dataclass
-class Context:
-    """Keys already in a KV cache: their times and durations [batch, keys]."""
-
-    cache: Any
-    times: torch.Tensor
-    durations: torch.Tensor
-
-
 class ContinuousLM:
     """A stock causal LM and its tokenizer, evaluated on continuous signals.
 
-    model: a transformers causal LM of a supported family, loaded with the "eager" or
-        "sdpa" attention implementation (the ones that add a float mask to the logits).
+    model: a transformers causal LM of a supported family (any you already hold, e.g.
+        from ``AutoModelForCausalLM.from_pretrained``), loaded with an attention
+        implementation of its family's ``backends`` ("eager" or "sdpa": the ones that
+        add a float mask to the logits). It is used as it is: put it in eval mode, or
+        use :func:`wrap`, which does.
     tokenizer: its tokenizer (a fast one, for character spans), or None.
     info: optional metadata of where the model came from.
     """
@@ -170,63 +165,33 @@ class ContinuousLM:
         signals: Signal | Sequence[Signal],
         *,
         positions: Positions = "last",
-        batch_size: int = 32,
+        batch_size: int | None = None,
     ) -> torch.Tensor | list[torch.Tensor]:
-        """Logits of the model on each signal, in float32 on the CPU.
+        """Logits of the model on each signal, in float32 on the CPU, through an :class:`~contllm.engine.Engine`.
 
         positions: "last" -> [batch, vocab]; an int or a list of k ints (token indices of
             each signal, negative from its end) -> [batch, vocab] or [batch, k, vocab];
             "all" -> a list of [tokens_i, vocab] tensors.
-        A single Signal drops the batch dimension.
+        batch_size: a shorthand for the engine's one budget knob: room for this many of
+            the longest signals per forward (max_batch_tokens = batch_size x longest);
+            None: the engine's default budget. It bounds memory, never changes results.
+        A single Signal drops the batch dimension. ``Engine(lm).logits(signals)`` gives
+        the same numbers (a half-precision model runs with a float32 state either way).
         """
         single = isinstance(signals, Signal)
         items: list[Signal] = [signals] if single else list(signals)  # type: ignore[list-item]
         if not items:
             raise SignalError("no signals given")
-        if batch_size < 1:
-            raise SignalError(f"batch_size must be >= 1, got {batch_size}")
-        results: list[Any] = []
-        with self.patched():
-            for lo in range(0, len(items), batch_size):
-                chunk = items[lo : lo + batch_size]
-                results.extend(self._logits_chunk(chunk, positions))
-        if positions == "all":
-            return results[0] if single else results
-        stacked = torch.stack(results)
-        return stacked[0] if single else stacked
+        budget = None
+        if batch_size is not None:
+            if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+                raise SignalError(f"batch_size must be an integer >= 1 or None, got {batch_size!r}")
+            budget = batch_size * max(len(s) for s in items)
+        out = Engine(self, max_batch_tokens=budget).logits(items, positions=positions)
+        return out[0] if single else out
 
-    def _logits_chunk(self, chunk: list[Signal], positions: Positions) -> list[torch.Tensor]:
-        batch = pad_signals(chunk, side="left")
-        if positions == "last":
-            logits, _ = self.forward_batch(batch, logits_to_keep=1)
-            return list(logits[:, -1].float().cpu())
-        if positions == "all":
-            logits, _ = self.forward_batch(batch, logits_to_keep=0)
-            return [logits[r, int(batch.pad_left[r]) :].float().cpu() for r in range(len(chunk))]
-        scalar = isinstance(positions, int)
-        wanted = [positions] if scalar else [int(p) for p in positions]  # type: ignore[union-attr]
-        if not wanted:
-            raise SignalError("positions is an empty list")
-        columns = torch.empty(len(chunk), len(wanted), dtype=torch.long)
-        for r, s in enumerate(chunk):
-            n = len(s)
-            for k, p in enumerate(wanted):
-                if not -n <= p < n:
-                    raise SignalError(f"position {p} is outside a signal of {n} tokens")
-                columns[r, k] = int(batch.pad_left[r]) + (p % n)
-        keep = torch.unique(columns)
-        logits, _ = self.forward_batch(batch, logits_to_keep=keep.to(self.device))
-        lookup = torch.searchsorted(keep, columns)
-        picked = logits.float().cpu()[torch.arange(len(chunk))[:, None], lookup]
-        return list(picked[:, 0] if scalar else picked)
-
-    def probs(
-        self,
-        signals: Signal | Sequence[Signal],
-        *,
-        positions: Positions = "last",
-        batch_size: int = 32,
-    ) -> torch.Tensor | list[torch.Tensor]:
+    def probs(self, signals: Signal | Sequence[Signal], *, positions: Positions = "last",
+              batch_size: int | None = None) -> torch.Tensor | list[torch.Tensor]:
         """Next-token distributions (softmax of :meth:`logits`, float32), same shapes."""
         out = self.logits(signals, positions=positions, batch_size=batch_size)
         if isinstance(out, list):
@@ -244,7 +209,8 @@ class ContinuousLM:
         eos = self._eos_ids() if stop_at_eos else set()
         new_ids: list[int] = []
         time = signal.end
-        with self.patched():
+        # The engine's context: a half-precision model decodes with the state that logits() reads.
+        with evaluation(self):
             logits, context = self.forward_batch(pad_signals([signal]), logits_to_keep=1, use_cache=True)
             for _ in range(max_new_tokens):
                 token = int(logits[0, -1].argmax())
@@ -277,3 +243,18 @@ def _append_tokens(signal: Signal, token_ids: list[int]) -> Signal:
     durations = torch.cat([signal.durations, torch.ones(k, dtype=torch.float64)])
     times = torch.cat([signal.times, signal.end + torch.arange(1, k + 1, dtype=torch.float64)])
     return Signal.from_ids(ids, durations, times=times)
+
+
+def wrap(model: Any, tokenizer: Any = None, info: Any = None) -> ContinuousLM:
+    """A model and tokenizer you already hold, ready for continuous inputs: the same API as :func:`contllm.load`.
+
+    model: a transformers causal LM of a supported family (eager or sdpa attention);
+    it is put in eval mode (dropout would make every output random) and otherwise left
+    as it is. tokenizer: its tokenizer, or None. Raises UnsupportedModelError naming the
+    supported families or attention implementations.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise UnsupportedModelError(f"wrap() needs a transformers model (a torch.nn.Module), got {type(model).__name__}")
+    lm = ContinuousLM(model, tokenizer, info)
+    model.eval()
+    return lm

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,14 +43,14 @@ from transformers.pytorch_utils import Conv1D
 from contllm.attention import attention_modules, stock_eager, switched_attention
 from contllm.errors import UnsupportedModelError
 
-if TYPE_CHECKING:
-    from contllm.lm import ContinuousLM
-
 #: The name under which the float32 attention is registered with transformers.
 IMPLEMENTATION = "contllm_float32"
 
 #: Modules whose weight enters a matmul: they keep their dtype and get inputs cast to it.
 MATMUL_MODULES: tuple[type[nn.Module], ...] = (nn.Linear, Conv1D)
+
+#: Largest float32 block of the vocabulary projection cast at once by :func:`float32_readout`.
+_HEAD_BLOCK_BYTES = 64 << 20
 
 #: The implementation each config had before :func:`float32_state`, by id(config).
 _ORIGINAL: dict[int, str] = {}
@@ -154,8 +154,8 @@ def _float32_parameters(module: nn.Module, stack: ExitStack) -> None:
 
 
 @contextmanager
-def float32_state(lm: ContinuousLM) -> Iterator[None]:
-    """Run a half-precision ``lm`` with half-precision matmuls and everything else in float32.
+def float32_state(lm: Any) -> Iterator[None]:
+    """Run a half-precision ``lm`` (a ContinuousLM) with half-precision matmuls and everything else in float32.
 
     A float32 model is left as it is. Nesting on the same model is a no-op.
     """
@@ -178,3 +178,53 @@ def float32_state(lm: ContinuousLM) -> Iterator[None]:
         stack.callback(lambda: [_ORIGINAL.pop(key, None) for key in saved])
         stack.enter_context(lm._state_as(torch.float32))
         yield
+
+
+class _Float32Head(nn.Module):
+    """A vocabulary projection computed in float32 from a half-precision hidden state.
+
+    The weight is cast block by block (at most :data:`_HEAD_BLOCK_BYTES` in float32 at
+    a time), so no float32 copy of a large vocabulary is ever held.
+    """
+
+    def __init__(self, head: nn.Linear) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.head.weight, self.head.bias
+        vocab, width = weight.shape
+        block = max(1, _HEAD_BLOCK_BYTES // (4 * width))
+        # One contiguous 2-D matrix of rows: a strided 3-D slice (the last column of a
+        # batch) would make the product broadcast the weight over the batch.
+        h = hidden.reshape(-1, width).float().contiguous()
+        out = torch.empty(h.shape[0], vocab, dtype=torch.float32, device=h.device)
+        if out.numel() > 0:
+            for lo in range(0, vocab, block):
+                hi = min(lo + block, vocab)
+                b = None if bias is None else bias[lo:hi].float()
+                out[:, lo:hi] = nn.functional.linear(h, weight[lo:hi].float(), b)
+        return out.view(*hidden.shape[:-1], vocab)
+
+
+@contextmanager
+def float32_readout(model: nn.Module) -> Iterator[None]:
+    """Project the read positions onto the vocabulary in float32 while the context lasts.
+
+    In bfloat16 a logit near 20 is rounded to a multiple of 0.125, which moves a
+    probability of 0.4 by up to 0.03; the hidden state holds more than that. Only the
+    read positions are projected, so the float32 head costs little more than one cast
+    of its weight per forward. A float32 model, or a head that is not a plain Linear, is
+    left as it is.
+    """
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear) or head.weight.dtype == torch.float32:
+        yield
+        return
+    parent_name, _, attr = next(name for name, m in model.named_modules() if m is head).rpartition(".")
+    parent = model.get_submodule(parent_name)
+    setattr(parent, attr, _Float32Head(head))
+    try:
+        yield
+    finally:
+        setattr(parent, attr, head)

@@ -7,6 +7,7 @@ count: "no" is not "not", "1" is not "10".
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,18 +16,26 @@ import torch
 
 from contllm.errors import ExperimentError
 
-_DECODED_VOCAB: dict[int, tuple[str, ...]] = {}
+# Keyed by the tokenizer object itself, held weakly: an id() would be recycled by a new
+# tokenizer once the old one is freed, and would hand it the old vocabulary.
+_DECODED_VOCAB: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
 
 
 def decoded_vocabulary(tokenizer: Any) -> tuple[str, ...]:
-    """Each token id decoded on its own (cached per tokenizer object)."""
-    key = id(tokenizer)
-    if key not in _DECODED_VOCAB:
-        size = len(tokenizer)
-        _DECODED_VOCAB[key] = tuple(
-            tokenizer.batch_decode([[i] for i in range(size)], clean_up_tokenization_spaces=False)
-        )
-    return _DECODED_VOCAB[key]
+    """Each token id decoded on its own (cached per tokenizer object while it lives)."""
+    try:
+        return _DECODED_VOCAB[tokenizer]
+    except KeyError:
+        pass
+    except TypeError:  # a tokenizer that takes no weak reference (or no hash): decode, do not cache
+        return _decode_each(tokenizer)
+    vocabulary = _decode_each(tokenizer)
+    _DECODED_VOCAB[tokenizer] = vocabulary
+    return vocabulary
+
+
+def _decode_each(tokenizer: Any) -> tuple[str, ...]:
+    return tuple(tokenizer.batch_decode([[i] for i in range(len(tokenizer))], clean_up_tokenization_spaces=False))
 
 
 @dataclass(frozen=True)

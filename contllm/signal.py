@@ -46,6 +46,11 @@ def _check_durations(durations: torch.Tensor) -> None:
         raise SignalError(f"durations must be >= 0; negative values at token indices {bad}")
 
 
+def _unit_if_none(durations: Sequence[float] | torch.Tensor | None, n: int) -> Sequence[float] | torch.Tensor:
+    """``durations``, or n unit durations when none are given."""
+    return torch.ones(n, dtype=torch.float64) if durations is None else durations
+
+
 @dataclass(frozen=True)
 class Signal:
     """A continuous-time input: token ids and/or embeddings, with durations and times.
@@ -119,9 +124,7 @@ class Signal:
         ids = torch.as_tensor(token_ids)
         if ids.ndim != 1:
             raise SignalError(f"token_ids must be 1-D, got shape {tuple(ids.shape)}")
-        if durations is None:
-            durations = torch.ones(ids.shape[0], dtype=torch.float64)
-        return cls(durations=durations, token_ids=ids, explicit_times=times, start=start)
+        return cls(durations=_unit_if_none(durations, len(ids)), token_ids=ids, explicit_times=times, start=start)
 
     @classmethod
     def from_embeds(
@@ -135,9 +138,7 @@ class Signal:
         """A signal from input embeddings [tokens, hidden] given directly."""
         if embeds.ndim != 2:
             raise SignalError(f"embeds must have shape [tokens, hidden], got {tuple(embeds.shape)}")
-        if durations is None:
-            durations = torch.ones(embeds.shape[0], dtype=torch.float64)
-        return cls(durations=durations, embeds=embeds, explicit_times=times, start=start)
+        return cls(durations=_unit_if_none(durations, embeds.shape[0]), embeds=embeds, explicit_times=times, start=start)
 
     @classmethod
     def from_text(cls, tokenizer: Any, text: str, *, add_special_tokens: bool = True) -> Signal:

@@ -10,7 +10,7 @@ import torch
 
 from contllm import ContinuousLM, Signal, SignalError
 from contllm.engine import Engine, plan_chunks, shared_prefix_len
-from tests.unit.tiny import WINDOW, prompt, random_durations, tiny_model
+from tests.unit.tiny import WINDOW, prompt, random_durations, tiny_model, tiny_model64
 
 pytestmark = pytest.mark.unit
 
@@ -96,7 +96,7 @@ def test_prefix_is_computed_once_and_reused_across_chunks() -> None:
 
 
 def test_a_signal_that_is_all_prefix_keeps_its_last_token() -> None:
-    lm = lm_for("qwen2", "eager")
+    lm = ContinuousLM(tiny_model64("qwen2", "eager"))  # the cached prefix sums in another order: see tiny_model64
     ids = prompt(14, 5)
     short, long = Signal.from_ids(ids[:9]), Signal.from_ids(ids)
     engine = Engine(lm)
@@ -166,3 +166,46 @@ def test_bad_input_is_refused() -> None:
         engine.probs([Signal.from_ids([1, 2])], token_ids=[0, 500])
     with pytest.raises(SignalError, match="max_batch_tokens"):
         Engine(lm, max_batch_tokens=0)
+
+
+def test_lm_probs_go_through_the_engine_on_a_bfloat16_model() -> None:
+    """One evaluation path: lm.probs and Engine(lm).probs give the same numbers in half precision too."""
+    bf16 = ContinuousLM(copy.deepcopy(tiny_model("llama", "sdpa")).to(torch.bfloat16))
+    signals = sweep(6)
+    assert max_diff(bf16.probs(signals), Engine(bf16).probs(signals)) <= 1e-6
+    assert max_diff(bf16.probs(signals[0]), Engine(bf16).probs(signals[:1])[0]) <= 1e-6
+
+
+def test_engine_reads_any_positions_like_each_signal_alone() -> None:
+    lm = lm_for("qwen2", "eager")
+    signals = sweep(5)
+    alone = [lm.logits(s, positions="all") for s in signals]
+    engine = Engine(lm)
+    every = engine.logits(signals, positions="all")
+    assert all(max_diff(a, b) <= 1e-5 for a, b in zip(every, alone))
+    picked = engine.logits(signals, positions=[-1, 9, 3])
+    assert picked.shape == (5, 3, lm.model.config.vocab_size)
+    assert max_diff(picked, torch.stack([a[[-1, 9, 3]] for a in alone])) <= 1e-5
+    assert engine.last_stats is not None and engine.last_stats.prefix_lens == (3,)  # ends before the first read
+    late = engine.logits(signals, positions=10)
+    assert max_diff(late, torch.stack([a[10] for a in alone])) <= 1e-5
+    assert engine.last_stats.prefix_lens == (EDIT[0],)
+    with pytest.raises(SignalError, match="position 20 is outside a signal of 12 tokens"):
+        engine.logits(signals, positions=20)
+
+
+def test_a_hook_on_a_layer_turns_the_prefix_off() -> None:
+    """A forward hook may read the whole sequence: with one in place every signal runs in full."""
+    lm = lm_for("llama")
+    seen: list[int] = []
+    layer = lm.model.model.layers[1]
+    handle = layer.register_forward_hook(lambda m, a, o: seen.append(a[0].shape[1]))
+    try:
+        engine = Engine(lm)
+        engine.logits(sweep(4))
+    finally:
+        handle.remove()
+    assert engine.last_stats is not None and engine.last_stats.prefix_lens == (0,)
+    assert min(seen) >= BASE
+    engine.logits(sweep(4))
+    assert engine.last_stats.prefix_lens == (EDIT[0],)

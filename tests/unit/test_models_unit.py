@@ -16,6 +16,7 @@ import transformers as tf
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from contllm import models as M
+from contllm.models import cache, conversion, registry
 from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
 
 pytestmark = pytest.mark.unit
@@ -90,7 +91,7 @@ def fake_alias(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         return tiny_model(), tiny_tokenizer(), {"tokenizer_s": 0.0, "model_s": 0.0}
 
     monkeypatch.setitem(M.REGISTRY, "tiny", entry)
-    monkeypatch.setattr(M, "_load_gguf", fake_load_gguf)
+    monkeypatch.setattr(conversion, "_load_gguf", fake_load_gguf)
     return state
 
 
@@ -287,7 +288,7 @@ def test_flipped_weight_byte_in_a_large_file_needs_a_deep_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     entry = _entry(tmp_path)
-    assert (entry / "model.safetensors").stat().st_size < M._HASH_ALWAYS_BELOW
+    assert (entry / "model.safetensors").stat().st_size < cache._HASH_ALWAYS_BELOW
     assert M.cache_entry_problems(entry) == []
     weights = entry / "model.safetensors"
     data = bytearray(weights.read_bytes())
@@ -295,7 +296,7 @@ def test_flipped_weight_byte_in_a_large_file_needs_a_deep_check(
     weights.write_bytes(bytes(data))
     # Small files are always hashed; large ones (real weights) only in a deep check.
     assert any("sha256" in p for p in M.cache_entry_problems(entry))
-    monkeypatch.setattr(M, "_HASH_ALWAYS_BELOW", 0)
+    monkeypatch.setattr(cache, "_HASH_ALWAYS_BELOW", 0)
     assert M.cache_entry_problems(entry) == []
     assert any("sha256" in p for p in M.cache_entry_problems(entry, deep=True))
 
@@ -388,14 +389,14 @@ def test_valid_entry_loads_without_the_package(
     fake_alias: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     M.load_model("tiny", cache_dir=tmp_path)
-    monkeypatch.setattr(M, "find_spec", lambda name: None)
+    monkeypatch.setattr(registry, "find_spec", lambda name: None)
     M.load_model("tiny", cache_dir=tmp_path)
     assert fake_alias["conversions"] == 1
 
 
 @pytest.mark.parametrize("alias", ["smollm2-135m", "gemma3-270m"])
 def test_missing_package_names_the_install_command(alias: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(M, "find_spec", lambda name: None)
+    monkeypatch.setattr(registry, "find_spec", lambda name: None)
     with pytest.raises(ModelLoadError) as info:
         M.load_model(alias, cache_dir=tmp_path)
     assert M.REGISTRY[alias].install_command in str(info.value)
@@ -409,5 +410,5 @@ def test_list_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         assert listing.cache_path == tmp_path / listing.alias
         assert listing.cached is False
         assert listing.n_parameters > 100_000_000
-    monkeypatch.setattr(M, "find_spec", lambda name: None)
+    monkeypatch.setattr(registry, "find_spec", lambda name: None)
     assert not any(m.installed for m in M.list_models(cache_dir=tmp_path))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, Signal, pad_signals
-from tests.unit.tiny import FAMILY_NAMES, ROTARY, WINDOW, WINDOWED, backends, prompt, random_durations, tiny_model
+from tests.unit.tiny import FAMILY_NAMES, ROTARY, WINDOW, WINDOWED, backends, prompt, random_durations, tiny_model, tiny_model64
 
 pytestmark = pytest.mark.unit
 
@@ -78,7 +78,10 @@ def test_left_and_middle_padding_are_absent(family: str, impl: str) -> None:
     lo = int(batch.pad_left[0])
     assert lo == N - 8
     assert max_diff(padded[0, lo:], alone) <= 1e-5
-    # Middle padding: zero-duration tokens between a cached prefix and the rest.
+    # Middle padding: zero-duration tokens between a cached prefix and the rest, in float64
+    # (a cached prefix sums in another order than the full forward; see tiny_model64).
+    lm = ContinuousLM(tiny_model64(family, impl))
+    alone = lm.logits(short, positions="all")
     prefix = Signal.from_ids(short.token_ids[:3], short.durations[:3])
     rest_times = short.times[3:]
     rest = Signal.from_ids(

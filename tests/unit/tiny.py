@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import transformers as tf
+
+from contllm.families import FAMILIES
 
 VOCAB = 97
 WINDOW = 4  # shorter than the test prompts, so windows really cut
@@ -27,61 +30,70 @@ COMMON = dict(
 )
 
 
+def _gemma2() -> tf.PretrainedConfig:
+    return tf.Gemma2Config(
+        **COMMON,
+        head_dim=16,
+        sliding_window=WINDOW,
+        query_pre_attn_scalar=16,
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=3.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    )
+
+
+def _gemma3() -> tf.PretrainedConfig:
+    return tf.Gemma3TextConfig(
+        **COMMON,
+        head_dim=16,
+        sliding_window=WINDOW,
+        query_pre_attn_scalar=16,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+    )
+
+
+#: One tiny config builder per family of contllm.families.FAMILIES (keyed by Family.name);
+#: tests/unit/test_families.py fails when a family has none.
+CONFIGS: dict[str, Callable[[], tf.PretrainedConfig]] = {
+    "llama": lambda: tf.LlamaConfig(**COMMON),
+    "mistral": lambda: tf.MistralConfig(**COMMON, sliding_window=WINDOW),
+    "gemma": lambda: tf.GemmaConfig(**COMMON, head_dim=16),
+    "gemma2": _gemma2,
+    "gemma3": _gemma3,
+    "phi": lambda: tf.PhiConfig(**{**COMMON, "num_key_value_heads": 4}, partial_rotary_factor=0.5),
+    "phi3": lambda: tf.Phi3Config(**COMMON, sliding_window=WINDOW, pad_token_id=0),
+    "qwen2": lambda: tf.Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    "qwen3": lambda: tf.Qwen3Config(
+        **COMMON, head_dim=16, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
+    ),
+    "gpt_neox": lambda: tf.GPTNeoXConfig(**{**COMMON, "num_key_value_heads": 4}, rotary_pct=0.5, use_parallel_residual=True),
+    "gpt2": lambda: tf.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=64, initializer_range=0.2,
+        bos_token_id=1, eos_token_id=2,
+    ),
+}
+
+
 def _config(family: str) -> tf.PretrainedConfig:
-    if family == "llama":
-        return tf.LlamaConfig(**COMMON)
-    if family == "mistral":
-        return tf.MistralConfig(**COMMON, sliding_window=WINDOW)
-    if family == "gemma":
-        return tf.GemmaConfig(**COMMON, head_dim=16)
-    if family == "gemma2":
-        return tf.Gemma2Config(
-            **COMMON,
-            head_dim=16,
-            sliding_window=WINDOW,
-            query_pre_attn_scalar=16,
-            attn_logit_softcapping=5.0,
-            final_logit_softcapping=3.0,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        )
-    if family == "gemma3":
-        return tf.Gemma3TextConfig(
-            **COMMON,
-            head_dim=16,
-            sliding_window=WINDOW,
-            query_pre_attn_scalar=16,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-            rope_parameters={
-                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-            },
-        )
-    if family == "phi":
-        return tf.PhiConfig(**{**COMMON, "num_key_value_heads": 4}, partial_rotary_factor=0.5)
-    if family == "phi3":
-        return tf.Phi3Config(**COMMON, sliding_window=WINDOW, pad_token_id=0)
-    if family == "qwen2":
-        return tf.Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
-    if family == "qwen3":
-        return tf.Qwen3Config(**COMMON, head_dim=16, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
-    if family == "gpt_neox":
-        return tf.GPTNeoXConfig(**{**COMMON, "num_key_value_heads": 4}, rotary_pct=0.5, use_parallel_residual=True)
-    if family == "gpt2":
-        return tf.GPT2Config(
-            vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=64, initializer_range=0.2,
-            bos_token_id=1, eos_token_id=2,
-        )
-    raise KeyError(family)
+    if family not in CONFIGS:
+        raise KeyError(f"no tiny config for family {family!r}; add one to tests/unit/tiny.py CONFIGS")
+    return CONFIGS[family]()
 
 
-FAMILY_NAMES = ["llama", "mistral", "gemma", "gemma2", "gemma3", "phi", "phi3", "qwen2", "qwen3", "gpt_neox", "gpt2"]
-ROTARY = [f for f in FAMILY_NAMES if f != "gpt2"]
-WINDOWED = ["mistral", "gemma2", "gemma3", "phi3", "qwen2", "qwen3"]
-EAGER_ONLY = {"gemma2"}
+# Derived from the package's own table, so that a new family cannot go untested.
+FAMILY_NAMES = [f.name for f in FAMILIES]
+ROTARY = [f.name for f in FAMILIES if f.positions == "rotary"]
+WINDOWED = [f.name for f in FAMILIES if f.windows != "none"]
+EAGER_ONLY = {f.name for f in FAMILIES if "sdpa" not in f.backends}
 
 
 def backends(family: str) -> list[str]:
-    return ["eager"] if family in EAGER_ONLY else ["eager", "sdpa"]
+    """The attention implementations the family takes a continuous mask with (the table's backends)."""
+    return list(next(f for f in FAMILIES if f.name == family).backends)
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,6 +109,20 @@ def tiny_model(family: str, impl: str = "eager") -> torch.nn.Module:
     model = tf.AutoModelForCausalLM.from_config(_config(family), attn_implementation=impl)
     model.load_state_dict(_state(family))
     return model.eval()
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_model64(family: str, impl: str = "eager") -> torch.nn.Module:
+    """The same model in float64, for identities whose float32 check would measure one CPU's summation order.
+
+    Two ways of computing the same logits (a cached prefix and a full forward, a batch and
+    its rows) round differently in float32, by 1e-6 to 1.1e-5 depending on the CPU's
+    kernels; in float64 only the float32 read-out's rounding (about 1e-6) is left, while a
+    broken identity still moves logits by far more than the tolerances.
+    """
+    model = tf.AutoModelForCausalLM.from_config(_config(family), attn_implementation=impl)
+    model.load_state_dict(_state(family))
+    return model.to(torch.float64).eval()
 
 
 def prompt(n: int, seed: int = 0) -> torch.Tensor:

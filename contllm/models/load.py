@@ -1,0 +1,276 @@
+"""Loading a causal LM and its tokenizer: an embedded alias, a local directory or a Hugging Face id.
+
+Nothing here touches the network for an alias or a local directory. A Hugging Face id
+goes through transformers' normal resolution (the local cache when ``HF_HUB_OFFLINE=1``).
+Weights are read only from safetensors (or, through the cache, GGUF), never from pickle files.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
+from contllm.families import family_of
+from contllm.models.cache import cache_entry_problems, cache_root, read_record
+from contllm.models.conversion import ensure_cached
+from contllm.models.registry import (
+    DEFAULT_MODEL,
+    REGISTRY,
+    LoadedModel,
+    ModelInfo,
+    ModelListing,
+    count_parameters,
+    known_aliases,
+    resolve,
+)
+
+# --------------------------------------------------------------------------- options
+
+_DTYPE_NAMES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    """A torch dtype from a name ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16") or a dtype.
+
+    None gives float32: the continuity invariants are checked in float32, on every device.
+    """
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        if dtype in _DTYPE_NAMES.values():
+            return dtype
+    elif isinstance(dtype, str) and dtype.strip().lower().removeprefix("torch.") in _DTYPE_NAMES:
+        return _DTYPE_NAMES[dtype.strip().lower().removeprefix("torch.")]
+    raise ModelLoadError(f"unsupported dtype {dtype!r}; allowed: {', '.join(_DTYPE_NAMES)} or the torch dtypes")
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """The device to load on: "auto" (or None) is cuda when available, else cpu."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ModelLoadError(f"unknown device {device!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} requested but CUDA is not available; use device='cpu' or 'auto'")
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"device {device!r} requested but MPS is not available; use device='cpu' or 'auto'")
+    return resolved
+
+
+#: Placement strategies accelerate accepts for ``device_map`` (a dict of module -> device also works).
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(device_map: Any, max_memory: Any = None) -> None:
+    """ModelLoadError unless ``device_map`` is None, a dict or one of :data:`DEVICE_MAPS`.
+
+    max_memory (device -> bytes or "20GiB") only means something with a device map.
+    """
+    if device_map is None:
+        if max_memory is not None:
+            raise ModelLoadError("max_memory limits a device map; give device_map='auto' with it")
+        return
+    if isinstance(device_map, Mapping):
+        return
+    if not isinstance(device_map, str) or device_map not in DEVICE_MAPS:
+        raise ModelLoadError(
+            f"unknown device_map {device_map!r}; use one of {', '.join(DEVICE_MAPS)} or a dict of module -> device"
+        )
+    if max_memory is not None and not isinstance(max_memory, Mapping):
+        raise ModelLoadError(f"max_memory must map devices to sizes (e.g. {{0: '20GiB', 1: '20GiB'}}), got {max_memory!r}")
+
+
+def choose_attn_implementation(config: Any, requested: str | None = None) -> str | None:
+    """The attention implementation to load with, from the family table's ``backends``.
+
+    Default "sdpa" where the family takes a continuous mask with it, else the family's
+    first backend (Gemma 2: "eager"). An explicit choice outside the family's backends
+    raises UnsupportedModelError; a model of no supported family gets ``requested`` as
+    given (None: transformers decides), and :class:`~contllm.lm.ContinuousLM` names the
+    problem when it is wrapped.
+    """
+    try:
+        family = family_of(config)
+    except UnsupportedModelError:
+        return requested
+    if requested is None:
+        return "sdpa" if "sdpa" in family.backends else family.backends[0]
+    if requested not in family.backends:
+        raise UnsupportedModelError(
+            f"{family.name} models cannot take a continuous-time mask with attn_implementation={requested!r}; "
+            f"use one of {', '.join(map(repr, family.backends))} (or leave it unset)"
+        )
+    return requested
+
+
+def _from_pretrained(
+    location: str | Path,
+    *,
+    local_only: bool,
+    device: torch.device | None,
+    dtype: torch.dtype,
+    attn_implementation: str | None,
+    device_map: Any,
+    trust_remote_code: bool,
+    max_memory: Any = None,
+) -> tuple[Any, Any, str | None]:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    common: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if local_only:
+        common["local_files_only"] = True
+    config = AutoConfig.from_pretrained(location, **common)
+    attn = choose_attn_implementation(config, attn_implementation)
+    model_kwargs: dict[str, Any] = dict(common, config=config, dtype=dtype, use_safetensors=True)
+    if attn is not None:
+        model_kwargs["attn_implementation"] = attn
+    if device_map is not None:
+        model_kwargs["device_map"] = device_map
+        if max_memory is not None:
+            model_kwargs["max_memory"] = dict(max_memory)
+    model = AutoModelForCausalLM.from_pretrained(location, **model_kwargs)
+    if device_map is None and device is not None:
+        model.to(device)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(location, **common)
+    if not getattr(tokenizer, "is_fast", False):
+        warnings.warn(
+            f"the tokenizer of {location} is not a fast tokenizer: character offsets are unavailable",
+            stacklevel=3,
+        )
+    return model, tokenizer, getattr(model.config, "_attn_implementation", attn)
+
+
+def _check_placement(model: Any, name: str) -> None:
+    """ModelLoadError when a device map left weights off every device (offloaded to the CPU or disk).
+
+    Offloaded weights stay on the meta device between forwards, where the continuous
+    inputs cannot be built; the model has to fit in the devices of its map.
+    """
+    if not any(p.device.type == "meta" for p in model.parameters()):
+        return
+    placed = sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()})
+    raise ModelLoadError(
+        f"the device map put part of {name!r} on {', '.join(placed) or 'no device'}: offloaded weights are not "
+        "supported; give the devices room for the whole model (more GPUs, a larger max_memory or a smaller dtype)"
+    )
+
+
+def load_model(
+    name: str | os.PathLike[str] = DEFAULT_MODEL,
+    *,
+    device: str | torch.device | None = "auto",
+    dtype: str | torch.dtype | None = None,
+    attn_implementation: str | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    trust_remote_code: bool = False,
+    max_memory: Mapping[int | str, int | str] | None = None,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer, in eval mode.
+
+    name: an embedded alias (see :data:`REGISTRY`; converted once into the cache), a
+    local directory (config.json + safetensors + tokenizer files) or a Hugging Face id
+    (transformers' resolution; offline it must be in the local HF cache).
+    device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:N"; ignored when
+    device_map is given (accelerate places the model). dtype: float32 unless given.
+    attn_implementation: default "sdpa", "eager" for families without sdpa.
+    device_map: "auto" (or "balanced", "balanced_low_0", "sequential", or a dict of
+    module -> device) spreads a model too large for one device over the GPUs (on a
+    machine without one, it all stays on the CPU); max_memory (device -> size) limits
+    what each device takes. A map that offloads weights (to the CPU next to GPUs, or to
+    disk) is refused with ModelLoadError.
+    """
+    check_device_map(device_map, max_memory)
+    source = resolve(name)
+    torch_dtype = parse_dtype(dtype)
+    torch_device = resolve_device(device) if device_map is None else None
+    weights_sha = None
+    location: str | Path
+    if source.kind == "alias":
+        location = ensure_cached(source.name, cache_dir=cache_dir)
+        weights_sha = ((read_record(location) or {}).get("source") or {}).get("sha256")
+    elif source.kind == "directory" and source.path is not None:
+        location = source.path
+    else:
+        location = source.name
+    try:
+        model, tokenizer, attn = _from_pretrained(
+            location,
+            local_only=source.kind != "hub",
+            device=torch_device,
+            dtype=torch_dtype,
+            attn_implementation=attn_implementation,
+            device_map=device_map,
+            trust_remote_code=trust_remote_code,
+            max_memory=max_memory,
+        )
+    except ContllmError:
+        raise
+    except OSError as err:
+        hint = ""
+        if source.kind == "hub":
+            hint = (
+                "; offline, a Hugging Face id loads only from the local HF cache (set HF_HUB_OFFLINE=1 to skip "
+                f"the network), or pass a local directory or an embedded alias ({known_aliases()})"
+            )
+        raise ModelLoadError(f"could not load {source.name!r}: {err}{hint}") from err
+    except ValueError as err:
+        raise ModelLoadError(f"could not load {source.name!r}: {err}") from err
+    if device_map is not None:
+        _check_placement(model, source.name)
+    info = ModelInfo(
+        name=source.name,
+        alias=source.name if source.kind == "alias" else None,
+        family=model.config.model_type,
+        n_parameters=count_parameters(model),
+        source=str(location),
+        weights_sha256=weights_sha,
+        device=str(model.device),
+        dtype=torch_dtype,
+        attn_implementation=attn,
+    )
+    return LoadedModel(model=model, tokenizer=tokenizer, info=info)
+
+
+def list_models(cache_dir: str | os.PathLike[str] | None = None) -> list[ModelListing]:
+    """Every embedded alias: family, size, whether its package is installed and its cache entry usable."""
+    listings = []
+    for entry in REGISTRY.values():
+        path = cache_root(cache_dir) / entry.alias
+        installed = entry.is_installed()
+        sha = None
+        if installed and path.is_dir():
+            try:
+                sha = entry.gguf.current_sha256((read_record(path) or {}).get("source"))
+            except (OSError, ImportError):
+                sha = None
+        listings.append(
+            ModelListing(
+                alias=entry.alias,
+                family=entry.family,
+                n_parameters=entry.n_parameters,
+                description=entry.description,
+                installed=installed,
+                cached=not cache_entry_problems(path, source_sha256=sha),
+                cache_path=path,
+                install_command=entry.install_command,
+                chat_template_note=entry.chat_template_note,
+            )
+        )
+    return listings

