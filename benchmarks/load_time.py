@@ -5,7 +5,8 @@
 For each alias, with an empty temporary cache: the first ``load_model`` (dequantize the
 GGUF, write the cache entry, read it back), then cached loads in the same process
 (imports already paid) and in a fresh process (``import contllm.models`` included).
-Prints a table; asserts nothing.
+Prints the CPU's capabilities (``contllm.hardware.cpu_capability``), then a table;
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -78,8 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="cached loads per model (median reported)")
     args = parser.parse_args(argv)
 
+    from contllm.hardware import cpu_capability, describe
+
     columns = ["first_s", "gguf_tokenizer_s", "gguf_model_s", "cached_s", "fresh_import_s", "fresh_load_s"]
-    print(f"torch threads: {__import__('torch').get_num_threads()}, cpu count: {os.cpu_count()}")
+    print(describe(cpu_capability()))
     print(f"{'model':<14}" + "".join(f"{c:>18}" for c in columns))
     for alias in args.models:
         result = measure(alias, args.repeat)

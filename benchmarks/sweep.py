@@ -38,6 +38,14 @@ On a machine shared with other busy processes, OpenMP's spinning workers make ev
 small parallel op wait for a descheduled thread (a 400k-element multiply goes from
 0.2 ms to 8 ms); run with ``OMP_WAIT_POLICY=PASSIVE`` there. The script prints the
 load average and the setting next to its figures.
+
+Its first line is the CPU's capabilities (``contllm.hardware.cpu_capability``: torch's
+kernel instruction set, AMX, avx512_bf16, cores, threads). bf16 figures depend on them:
+bf16 matmuls run on AMX tiles, on avx512_bf16 dot products or converted to float32, each
+with its own speed and rounding, so the bf16 section's "error ratio" (bf16 engine error /
+error of the model wholly in bf16) is 0.35x on AVX-512 + AMX and 0.59x on AVX-512 +
+avx512_bf16 without AMX on the counting sweep. Compare figures only between runs whose
+capability lines agree.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ import torch
 
 from contllm import ContinuousLM, Signal, pad_signals
 from contllm.engine import Engine, EngineStats
+from contllm.hardware import cpu_capability, describe
 
 COUNTING_PROMPT = (
     '"cat cat" contains 2 words.\n'
@@ -318,6 +327,8 @@ def compare_dtypes(fp32: ContinuousLM, bf16: ContinuousLM, works: Sequence[Workl
             f"      bf16 speed-up {t32.seconds / t16.seconds:.2f}x, agreement (max |dp|) {agreement(p16, p32):.2e}",
             f"    bf16 whole (scale)   : speed-up {t32.seconds / tw.seconds:.2f}x, agreement {agreement(pw, p32):.2e}; "
             f"bf16 model run plainly: agreement {agreement(plain, p32):.2e}",  # type: ignore[arg-type]
+            f"      error ratio bf16 engine / bf16 whole {agreement(p16, p32) / max(agreement(pw, p32), 1e-30):.2f}"
+            " (this CPU's; see the capability line)",
         ]
     return lines
 
@@ -366,6 +377,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     dtype = getattr(torch, args.dtype)
     factors = torch.linspace(0.1, 1.0, args.samples).tolist()
 
+    print(describe(cpu_capability()))
     cpu = _cpu_name()
     print(f"machine: {cpu}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
     print(

@@ -121,8 +121,11 @@ def test_float16_runs_the_same_way() -> None:
     lm = half_lm("llama", "sdpa", torch.float16)
     signals = sweep(5)
     got = Engine(lm).probs(signals)
-    # float16 keeps 3 more bits than bfloat16.
-    assert max_diff(got, Engine(fp32).probs(signals)) <= 5e-3
+    ref = Engine(fp32).probs(signals)
+    # float16 keeps 3 more bits than bfloat16: on every CPU, closer to float32 than the
+    # same engine on the same model in bfloat16 (3e-3 against 1e-2 on AVX-512 and AVX2).
+    assert max_diff(got, ref) <= 5e-3
+    assert max_diff(got, ref) < max_diff(Engine(half_lm("llama", "sdpa")).probs(signals), ref)
 
 
 def test_float32_model_is_left_alone() -> None:

@@ -1,0 +1,87 @@
+"""What the CPU offers torch: recorded beside every run and benchmark figure.
+
+Half-precision results depend on the CPU: bfloat16 matmuls run on AMX tiles, on
+AVX-512 ``avx512_bf16`` dot products or converted to float32, and each sums in its own
+order, so the same bfloat16 model gives different roundings (and speeds) on different
+machines. A figure measured on one CPU is only comparable with figures taken on a CPU
+with the same capabilities; :func:`cpu_capability` says which.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def _cpuinfo() -> tuple[str | None, frozenset[str] | None]:
+    """The model name and the feature flags of the first CPU in /proc/cpuinfo (None where absent)."""
+    try:
+        text = CPUINFO.read_text()
+    except OSError:
+        return None, None
+    name: str | None = None
+    flags: frozenset[str] | None = None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if name is None and key == "model name":
+            name = value.strip()
+        elif flags is None and key in ("flags", "Features"):
+            flags = frozenset(value.split())
+        if name is not None and flags is not None:
+            break
+    return name, flags
+
+
+def _torch_says(probe: str) -> bool:
+    """A feature as torch's cpuinfo sees it (``torch.cpu._is_*_supported``), False if torch lacks the probe."""
+    fn = getattr(torch.cpu, probe, None)
+    try:
+        return bool(fn()) if callable(fn) else False
+    except Exception:  # a private probe: never let it break a run
+        return False
+
+
+def cpu_capability() -> dict[str, Any]:
+    """The CPU's half-precision capabilities and the threads torch uses, as JSON-ready values.
+
+    ``capability`` is the vector instruction set torch dispatches its kernels to
+    (``torch.backends.cpu.get_cpu_capability()``: "AVX512", "AVX2", "DEFAULT", ...);
+    ``amx`` whether the CPU has AMX tiles (bfloat16 matmuls on them); ``avx512_bf16``
+    whether it has AVX-512 bfloat16 dot products; ``cores`` ``os.cpu_count()``;
+    ``threads`` ``torch.get_num_threads()``. The flags come from /proc/cpuinfo where it
+    exists (``flags_source``), otherwise from torch's own CPU probe.
+    """
+    name, flags = _cpuinfo()
+    if flags is not None:
+        source = str(CPUINFO)
+        amx = any(f.startswith("amx") for f in flags)
+        avx512_bf16 = "avx512_bf16" in flags
+    else:
+        source = "torch.cpu"
+        amx = _torch_says("_is_amx_tile_supported")
+        avx512_bf16 = _torch_says("_is_avx512_bf16_supported")
+    return {
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "amx": amx,
+        "avx512_bf16": avx512_bf16,
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "name": name or platform.processor() or platform.machine(),
+        "flags_source": source,
+    }
+
+
+def describe(cap: dict[str, Any] | None = None) -> str:
+    """One line for a log or a benchmark header, e.g. ``cpu: AMD EPYC, AVX512, avx512_bf16, no AMX, 2 cores, 2 torch threads``."""
+    cap = cpu_capability() if cap is None else cap
+    return (
+        f"cpu: {cap['name']}, {cap['capability']}, {'avx512_bf16' if cap['avx512_bf16'] else 'no avx512_bf16'}, "
+        f"{'AMX' if cap['amx'] else 'no AMX'}, {cap['cores']} cores, {cap['threads']} torch threads"
+    )
