@@ -382,18 +382,24 @@ class LinearFit:
     r2: float
 
 
+def _paired(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """x [S] and y [S] as float arrays of one length S >= 2; ExperimentError naming ``what`` otherwise."""
+    xs = _floats(x, "x", 1)
+    ys = _floats(y, "y", 1)
+    if xs.shape != ys.shape:
+        raise ExperimentError(f"x has {xs.shape[0]} samples but y has {ys.shape[0]}; they must match")
+    if xs.shape[0] < 2:
+        raise ExperimentError(f"{what} needs at least 2 samples, got {xs.shape[0]}")
+    return xs, ys
+
+
 def linear_fit(x: Any, y: Any) -> LinearFit:
     """Ordinary least-squares fit of y [S] on x [S] (S >= 2, x not constant).
 
     r2 = 1 - SS_res / SS_tot. A flat y (every value equal) is fitted exactly by the line
     slope 0, intercept y, so its r2 is defined as 1.0.
     """
-    xs = _floats(x, "x", 1)
-    ys = _floats(y, "y", 1)
-    if xs.shape != ys.shape:
-        raise ExperimentError(f"x has {xs.shape[0]} samples but y has {ys.shape[0]}; they must match")
-    if xs.shape[0] < 2:
-        raise ExperimentError(f"a line needs at least 2 samples, got {xs.shape[0]}")
+    xs, ys = _paired(x, y, "a line")
     if np.ptp(xs) == 0:
         raise ExperimentError(f"x is constant ({xs[0]:g}); the slope is undefined")
     if np.ptp(ys) == 0:
@@ -419,12 +425,7 @@ def spearman(x: Any, y: Any) -> float:
 
     Returns a float in [-1, 1], or nan when x or y is constant (no ordering to correlate).
     """
-    xs = _floats(x, "x", 1)
-    ys = _floats(y, "y", 1)
-    if xs.shape != ys.shape:
-        raise ExperimentError(f"x has {xs.shape[0]} samples but y has {ys.shape[0]}; they must match")
-    if xs.shape[0] < 2:
-        raise ExperimentError(f"a rank correlation needs at least 2 samples, got {xs.shape[0]}")
+    xs, ys = _paired(x, y, "a rank correlation")
     rx = _ranks(xs) - (xs.shape[0] + 1) / 2.0
     ry = _ranks(ys) - (ys.shape[0] + 1) / 2.0
     if not rx.any() or not ry.any():
@@ -528,3 +529,10 @@ def smoothness(x: Any, y: Any) -> Smoothness:
         lipschitz=lipschitz(xs, curve),
         range_excursion=range_excursion(curve),
     )
+
+
+def count_curve(sweep: Any) -> CountCurve:
+    """The :class:`CountCurve` of a sweep (x, labels, probs, truth) read over its digit labels."""
+    numeric = [i for i, lab in enumerate(sweep.labels) if lab.isdigit()]
+    labels = np.array([int(sweep.labels[i]) for i in numeric])
+    return CountCurve(sweep.x, sweep.probs[:, numeric], labels, int(sweep.truth or 0))

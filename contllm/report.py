@@ -1,15 +1,15 @@
-"""Reports over finished runs: a summary table and a figure comparing models on one experiment.
+"""Reports over finished runs: a summary table and a figure comparing runs of one experiment.
 
-``contllm report RUN... --out DIR`` reads run directories written by ``contllm run`` and
-writes into DIR::
+``contllm report RUN... --out DIR`` reads run directories written by ``contllm run`` (any
+registered experiment) and writes into DIR::
 
     summary.md        one row per run: model, experiment, items, headline numbers
     summary.csv       the same numbers, unrounded
-    comparison.png    the models side by side (also as comparison.pdf)
+    comparison.png    the runs side by side (also as comparison.pdf), where the experiment draws one
 
-The headline numbers are recomputed from results.json by
-:func:`contllm.experiments.summarize`, so runs made by different versions are compared by
-the same definitions. Only runs of one experiment can be compared.
+The headline numbers are recomputed from results.json by the experiment's own summary,
+so runs made by different versions are compared by the same definitions. Only runs of
+one experiment can be compared.
 """
 
 from __future__ import annotations
@@ -22,19 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from contllm import metrics
+from contllm import registry
 from contllm.errors import ContllmError, RunDirectoryError
-from contllm.experiments import summarize
-from contllm.experiments.base import ExperimentResult, Sweep
+from contllm.files import atomic_write_text, csv_text
 from contllm.runs import CONFIG, MANIFEST
 
 RESULTS = "results.json"
 REQUIRED = (CONFIG, MANIFEST, RESULTS)
 #: The files a report writes; with --force only these are replaced, nothing is deleted.
 REPORT_FILES = ("summary.md", "summary.csv", "comparison.png", "comparison.pdf")
-COUNT_EXPERIMENTS = ("counting", "events")
 
 #: What each headline number means, for the Markdown report.
 DEFINITIONS = {
@@ -52,21 +48,22 @@ DEFINITIONS = {
 
 @dataclass
 class Run:
-    """A finished run directory, read: its path, config, manifest, result and headline numbers."""
+    """A finished run directory, read: its path, config, manifest, experiment, result and headline numbers."""
 
     path: Path
     config: dict[str, Any]
     manifest: dict[str, Any]
-    result: ExperimentResult
+    experiment: str
+    result: Any
     summary: dict[str, Any]
     label: str = ""
 
     @property
-    def experiment(self) -> str:
-        return self.result.experiment
+    def model(self) -> str:
+        return str(self.config.get("model") or self.manifest.get("model") or "model")
 
 
-def _read_json(path: Path, run: Path) -> Any:
+def _read(path: Path, run: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -84,8 +81,8 @@ def load_run(path: str | Path) -> Run:
         raise RunDirectoryError(
             f"{path} is not a run directory (no {', '.join(missing)}); give directories written by 'contllm run'"
         )
-    config = _read_json(path / CONFIG, path)
-    manifest = _read_json(path / MANIFEST, path)
+    config = _read(path / CONFIG, path)
+    manifest = _read(path / MANIFEST, path)
     if not isinstance(config, dict) or not isinstance(manifest, dict):
         raise RunDirectoryError(f"{path}: {CONFIG} and {MANIFEST} must each hold a JSON object")
     status = manifest.get("status")
@@ -95,14 +92,22 @@ def load_run(path: str | Path) -> Run:
             f"{path} is an unfinished run (status {status!r}); finish it with "
             f"'contllm run {experiment} --out {path} --resume' and the options it was started with"
         )
+    name = config.get("experiment")
     try:
-        result = ExperimentResult.from_dict(_read_json(path / RESULTS, path))
-        summary = summarize(result)
+        experiment = registry.get(name)
+    except ContllmError:
+        raise RunDirectoryError(
+            f"{path}: its config names the experiment {name!r}, which is not registered "
+            f"(known: {', '.join(registry.names())})"
+        ) from None
+    try:
+        result = experiment.load_result(_read(path / RESULTS, path))
+        summary = experiment.summary(result)
     except RunDirectoryError:
         raise
-    except (ContllmError, KeyError, IndexError, TypeError, ValueError) as exc:
+    except (ContllmError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise RunDirectoryError(f"{path}: {RESULTS} is malformed ({type(exc).__name__}: {exc})") from None
-    return Run(path, config, manifest, result, summary)
+    return Run(path, config, manifest, str(name), result, summary)
 
 
 def load_runs(run_dirs: Sequence[str | Path]) -> list[Run]:
@@ -129,43 +134,46 @@ def load_runs(run_dirs: Sequence[str | Path]) -> list[Run]:
 
 def _label(runs: list[Run]) -> None:
     """Legend labels: the model name, with the run directory added where models repeat."""
-    models = Counter(r.result.model for r in runs)
+    models = Counter(r.model for r in runs)
     for r in runs:
-        r.label = r.result.model if models[r.result.model] == 1 else f"{r.result.model} ({r.path.name})"
+        r.label = r.model if models[r.model] == 1 else f"{r.model} ({r.path.name})"
     labels = Counter(r.label for r in runs)
     for r in runs:
         if labels[r.label] > 1:
-            r.label = f"{r.result.model} ({r.path})"
+            r.label = f"{r.model} ({r.path})"
 
 
 # --------------------------------------------------------------------------- tables
 
 
-def _grid(result: ExperimentResult) -> tuple[float, float, int]:
-    """The knob's range and the number of samples per item (the most common grid)."""
-    grids = Counter((float(s.x.min()), float(s.x.max()), len(s.x)) for s in result.sweeps)
-    return grids.most_common(1)[0][0]
-
-
 def table(runs: Sequence[Run]) -> tuple[list[str], list[list[Any]]]:
     """Columns and rows of the summary: one row per run, headline numbers as floats.
 
-    A number that a run cannot give (accuracy at factor 1 when its range excludes 1) is None.
+    The experiment may add columns that describe a run (a sweep's range and samples). A
+    number that a run cannot give (accuracy at factor 1 when its range excludes 1) is None.
     """
     fixed = ["run", "model", "experiment", "items"]
+    experiment = registry.get(runs[0].experiment)
+    described = [experiment.report_columns(r.result) for r in runs]
+    extra: list[str] = []
+    for d in described:
+        extra += [k for k in d if k not in extra]
     numbers: list[str] = []
     for r in runs:
-        numbers += [k for k in r.summary if k not in fixed and k not in numbers]
-    x_label = runs[0].result.x_label
-    columns = [*fixed, f"{x_label}_min", f"{x_label}_max", "samples", "dtype", *numbers]
+        numbers += [k for k, v in r.summary.items() if k not in fixed and k not in numbers and _is_number(v)]
+    columns = [*fixed, *extra, "dtype", *numbers]
     rows = []
-    for r in runs:
-        low, high, samples = _grid(r.result)
+    for r, d in zip(runs, described):
+        items = r.summary.get("items", r.manifest.get("items"))
         rows.append(
-            [str(r.path), r.result.model, r.experiment, len(r.result.sweeps), low, high, samples,
+            [str(r.path), r.model, r.experiment, items, *[d.get(k) for k in extra],
              r.manifest.get("dtype"), *[r.summary.get(k) for k in numbers]]
         )
     return columns, rows
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def _cell(value: Any, *, markdown: bool) -> str:
@@ -179,11 +187,11 @@ def _cell(value: Any, *, markdown: bool) -> str:
     return text.replace("|", "\\|") if markdown else text
 
 
-def markdown(runs: Sequence[Run]) -> str:
+def markdown(runs: Sequence[Run], *, figure: bool = True) -> str:
     """The Markdown report: a table of the runs, what its numbers mean, and the figure."""
     columns, rows = table(runs)
     experiment = runs[0].experiment
-    models = ", ".join(dict.fromkeys(r.result.model for r in runs))
+    models = ", ".join(dict.fromkeys(r.model for r in runs))
     lines = [
         f"# {experiment}: {models}",
         "",
@@ -197,155 +205,15 @@ def markdown(runs: Sequence[Run]) -> str:
     if any(v is None for row in rows for v in row):
         lines += ["n/a: the run's range does not hold the value the number is read at.", ""]
     lines += [f"- `{k}`: {DEFINITIONS[k]}" for k in columns if k in DEFINITIONS]
-    lines += ["", "![models compared](comparison.png)", ""]
+    if figure:
+        lines += ["", "![models compared](comparison.png)", ""]
     return "\n".join(lines)
 
 
-def csv_text(runs: Sequence[Run]) -> str:
+def summary_csv(runs: Sequence[Run]) -> str:
     """The summary table as CSV, full precision."""
-    import csv
-    import io
-
     columns, rows = table(runs)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow([_cell(v, markdown=False) for v in row])
-    return buffer.getvalue()
-
-
-# --------------------------------------------------------------------------- figures
-
-
-def _common_grid(sweeps: Sequence[Sweep]) -> tuple[np.ndarray, list[Sweep]]:
-    """The most common x grid among ``sweeps`` and the sweeps on it (a run uses one grid)."""
-    grids = Counter(tuple(np.round(s.x, 12)) for s in sweeps)
-    x = np.array(grids.most_common(1)[0][0])
-    return x, [s for s in sweeps if len(s.x) == len(x) and np.allclose(s.x, x)]
-
-
-def _count_items(n: int) -> str:
-    return f"{n} item" if n == 1 else f"{n} items"
-
-
-def _count_curve(sweep: Sweep) -> metrics.CountCurve:
-    numeric = [i for i, lab in enumerate(sweep.labels) if lab.isdigit()]
-    labels = np.array([int(sweep.labels[i]) for i in numeric])
-    return metrics.CountCurve(sweep.x, sweep.probs[:, numeric], labels, int(sweep.truth or 0))
-
-
-def _proportional_count(sweep: Sweep) -> np.ndarray:
-    """The count if the model counted time: n·c, or n − 1 + c when a single event is scaled."""
-    n = float(int(sweep.truth or 0))
-    if sweep.meta.get("event"):
-        return n - 1 + sweep.x
-    return n * sweep.x
-
-
-def comparison_figure(runs: Sequence[Run]) -> Any:
-    """The models side by side on one experiment (counting/events or boolean): a matplotlib figure."""
-    from contllm import plotting  # selects a headless backend where there is no display
-
-    if runs[0].experiment in COUNT_EXPERIMENTS:
-        fig = _count_comparison(runs, plotting.plt)
-    else:
-        fig = _boolean_comparison(runs, plotting.plt)
-    names = " vs ".join(dict.fromkeys(r.label for r in runs))
-    fig.suptitle(f"{runs[0].experiment}: {names}", fontsize=12)
-    return fig
-
-
-def _count_comparison(runs: Sequence[Run], plt: Any) -> Any:
-    fig, (sens, implied, acc) = plt.subplots(1, 3, figsize=(16, 4.8), constrained_layout=True)
-    colors = plt.get_cmap("tab10")
-    h = metrics.default_thresholds()
-    references: list[tuple[np.ndarray, np.ndarray]] = []
-    for k, r in enumerate(runs):
-        color = colors(k % 10)
-        sweeps = r.result.sweeps
-        curves = [_count_curve(s) for s in sweeps]
-        observed = metrics.observed_time_sensitivity(curves, h)
-        sens.plot(h, observed, "-", color=color, lw=2, label=f"{r.label}: observed")
-        if all(np.isclose(s.x, 1.0, atol=1e-6).any() for s in sweeps):
-            counterfactual = metrics.counterfactual_time_sensitivity(curves, h)
-            sens.plot(h, counterfactual, "--", color=color, lw=1.5, label=f"{r.label}: counterfactual (c = 1)")
-        x, same = _common_grid(sweeps)
-        n_items = _count_items(len(same)) if len(same) == len(sweeps) else f"{len(same)} of {_count_items(len(sweeps))}"
-        expected = np.nanmean([s.implied_value() for s in same], axis=0)
-        implied.plot(x, expected, "-o", ms=3, color=color, label=f"{r.label} ({n_items})")
-        ideal = np.mean([_proportional_count(s) for s in same], axis=0)
-        if not any(len(x) == len(rx) and np.allclose(x, rx) and np.allclose(ideal, ry) for rx, ry in references):
-            references.append((x, ideal))
-        correct = np.mean([[lab == s.truth for lab in s.argmax_labels()] for s in same], axis=0)
-        acc.plot(x, correct, "-o", ms=3, color=color, label=f"{r.label} ({n_items})")
-    for n, (x, ideal) in enumerate(references):
-        label = "count proportional to time (n·c; n−1+c with one event scaled)" if n == 0 else None
-        implied.plot(x, ideal, ":", color="0.4", lw=1.2, label=label)
-    x_name = "duration factor c"
-    sens.set(xlabel="threshold h", ylabel="share of counts 1..n found", ylim=(-0.02, 1.02),
-             title="time sensitivity (solid: observed on the sweep; dashed: at c = 1)")
-    implied.set(xlabel=x_name, ylabel="mean implied count E[k]", title="implied count E[k] over digits")
-    acc.set(xlabel=x_name, ylabel="share of items with argmax digit = n", ylim=(-0.02, 1.02),
-            title="accuracy of the argmax digit")
-    for ax in (sens, implied, acc):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        ax.title.set_fontsize(9)
-    return fig
-
-
-def _share_of_one(sweep: Sweep) -> np.ndarray:
-    p1, p0 = sweep.column("1"), sweep.column("0")
-    total = p0 + p1
-    return p1 / np.where(total > 0, total, np.nan)
-
-
-#: Boolean items by how the truth value moves from the first operator to the second.
-TRANSITIONS = {"flips": ((0, 1), (1, 0)), "stays": ((1, 1), (0, 0))}
-
-
-def _boolean_comparison(runs: Sequence[Run], plt: Any) -> Any:
-    fig, (flips, stays, bars) = plt.subplots(1, 3, figsize=(16, 4.8), constrained_layout=True)
-    colors = plt.get_cmap("tab10")
-    for k, r in enumerate(runs):
-        color = colors(k % 10)
-        for ax, kind in ((flips, "flips"), (stays, "stays")):
-            for (before, after), style in zip(TRANSITIONS[kind], ("-", "--")):
-                chosen = [
-                    s for s in r.result.sweeps
-                    if (int(s.meta.get("truth_first", -1)), int(s.meta.get("truth_second", -1))) == (before, after)
-                ]
-                if not chosen:
-                    continue
-                x, same = _common_grid(chosen)
-                share = np.nanmean([_share_of_one(s) for s in same], axis=0)
-                ax.plot(x, share, style, color=color, lw=1.8,
-                        label=f"{r.label}: {before} → {after} ({_count_items(len(same))})")
-    width = 0.8 / len(runs)
-    positions = np.arange(2)
-    for k, r in enumerate(runs):
-        values = [r.summary.get("accuracy_at_alpha_0"), r.summary.get("accuracy_at_alpha_1")]
-        heights = [np.nan if v is None else v for v in values]
-        offset = positions - 0.4 + width * (k + 0.5)
-        bars.bar(offset, heights, width, color=colors(k % 10), label=r.label)
-        for xpos, v in zip(offset, values):
-            bars.annotate("n/a" if v is None else f"{v:.2f}", (xpos, 0 if v is None else v),
-                          ha="center", va="bottom", fontsize=7)
-    bars.set_xticks(positions, ["alpha = 0\n(first operator)", "alpha = 1\n(second operator)"])
-    # Headroom above 1 keeps the legend off the bars.
-    bars.set(ylabel="truth-table accuracy (P(1) vs P(0))", ylim=(0, 1.3), yticks=np.linspace(0, 1, 6),
-             title="truth-table accuracy at the ends")
-    bars.legend(fontsize=7, loc="upper center", ncol=min(len(runs), 3))
-    for ax, kind in ((flips, "flips"), (stays, "stays")):
-        ax.set(xlabel="interpolation alpha", ylabel="mean P(1) / (P(0) + P(1))", ylim=(-0.02, 1.02),
-               title=f"items whose truth value {kind} (first → second operator)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in (flips, stays, bars):
-        ax.title.set_fontsize(9)
-    bars.grid(alpha=0.3, axis="y")
-    return fig
+    return csv_text(columns, [dict(zip(columns, [_cell(v, markdown=False) for v in row])) for row in rows])
 
 
 # --------------------------------------------------------------------------- writing
@@ -366,25 +234,24 @@ def _check_out(out: Path, run_paths: Sequence[Path], force: bool) -> None:
 
 
 def write_report(run_dirs: Sequence[str | Path], out: str | Path, *, force: bool = False) -> list[Path]:
-    """Compare finished runs of one experiment: summary.md, summary.csv, comparison.png/.pdf in ``out``.
+    """Compare finished runs of one experiment: summary.md, summary.csv and comparison.png/.pdf in ``out``.
 
     run_dirs: directories written by ``contllm run``. out: created if needed; when it already
     holds files, only ``force`` lets the report's own files there be replaced (nothing is
-    deleted). Everything is read and checked before anything is written. Returns the paths
-    written. Raises RunDirectoryError naming the directory that is wrong.
+    deleted). Everything is read and checked before anything is written. The comparison
+    figure is drawn where the experiment has one. Returns the paths written. Raises
+    RunDirectoryError naming the directory that is wrong.
     """
-    from contllm import plotting
-    from contllm.runs import atomic_write_text
-
     out = Path(out)
     runs = load_runs(run_dirs)
     _check_out(out, [r.path for r in runs], force)
-    md, csv = markdown(runs), csv_text(runs)
-    fig = comparison_figure(runs)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        paths = [atomic_write_text(out / "summary.md", md), atomic_write_text(out / "summary.csv", csv)]
-        paths += plotting.save_figure(fig, out / "comparison")
-    finally:
-        plotting.plt.close(fig)
+    experiment = registry.get(runs[0].experiment)
+    fig = experiment.comparison([(r.label, r.result) for r in runs])
+    md, csv = markdown(runs, figure=fig is not None), summary_csv(runs)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [atomic_write_text(out / "summary.md", md), atomic_write_text(out / "summary.csv", csv)]
+    if fig is not None:
+        from contllm.plotting import save_figure
+
+        paths += save_figure(fig, out / "comparison")
     return paths

@@ -4,14 +4,14 @@ Layout of a run directory::
 
     config.json        the resolved configuration (experiment, model, options)
     manifest.json      model, weights sha256, package versions, device, dtype, commit, times
-    items/<id>.json    one sweep per finished item, each written atomically
+    items/<id>.json    one record per finished item ({"id": ..., "record": ...}), each written atomically
     shards/process-<rank>/<id>.json
                        the same, written by one process of a launched run until the main
                        process merges them into items/ (absent once a run has finished)
-    results.json       every sweep, with the config
-    results.csv        tidy rows: item, factor (or alpha), label, probability, truth
+    results.json       the experiment's result, with the config
+    <table>.csv        the experiment's tables (results.csv: tidy rows of every item)
     summary.json       headline numbers
-    figures/           one figure per item and a summary, as PNG and PDF
+    figures/           the experiment's figures (a summary, one per item), as PNG and PDF
 
 Every file is written to a temporary name and renamed into place, so a run killed at any
 moment leaves only whole files; ``--resume`` then skips the items already on disk, in
@@ -29,39 +29,19 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from contllm.errors import ContllmError, RunDirectoryError
-from contllm.experiments.base import Sweep
+from contllm.errors import RunDirectoryError
+from contllm.files import atomic_write_json, fsync_dir, read_json, safe_name
 
 CONFIG = "config.json"
 MANIFEST = "manifest.json"
+LOCK = ".lock"
 ITEMS = "items"
 SHARDS = "shards"
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def atomic_write_json(path: str | Path, data: Any) -> Path:
-    return atomic_write_text(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
 
 
 def now() -> str:
@@ -73,16 +53,6 @@ def default_out(experiment: str, model: str) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     safe_model = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name or model)
     return Path("runs") / f"{experiment}-{safe_model}-{stamp}"
-
-
-def refuse_unused(unused: Any, experiment: str) -> None:
-    """ExperimentError naming every option in ``unused`` (a mapping) that was given (is not None)."""
-    from contllm.errors import ExperimentError
-
-    given = sorted(k for k, v in (unused or {}).items() if v is not None)
-    if given:
-        options = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise ExperimentError(f"option(s) {options} do not apply to the {experiment} experiment")
 
 
 def load_for_run(model: str, *, device: str, dtype: str | None, say: Any, **options: Any) -> Any:
@@ -105,19 +75,33 @@ def is_run_dir(path: str | Path) -> bool:
     return (Path(path) / CONFIG).is_file()
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise RunDirectoryError(f"cannot read {path}: {exc}") from None
+def _check_writable(path: Path) -> None:
+    """RunDirectoryError when ``path`` cannot be created or written (checked before any work)."""
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunDirectoryError(f"cannot create {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunDirectoryError(f"cannot write to {existing}: permission denied")
+
+
+def _nested_runs(path: Path) -> list[Path]:
+    """Run directories inside ``path`` (not ``path`` itself): what --force must never delete."""
+    return [p.parent for p in path.rglob(CONFIG) if p.parent != path]
 
 
 class RunDir:
     """A run directory opened for writing.
 
     out: the directory. resume: continue a run there (its config must match). force:
-    replace a previous run there. Without either, an existing non-empty directory is an
-    error, so nothing already written is lost.
+    replace a previous run of the same experiment there (never a directory that is not a
+    run, nor one that holds other runs). Without either, an existing non-empty directory
+    is an error, so nothing already written is lost. While a process writes to it, the
+    directory is locked (``.lock``): a second process is refused with a
+    RunDirectoryError instead of mixing its files into the first one's.
     """
 
     def __init__(self, out: str | Path, config: dict[str, Any], *, resume: bool = False, force: bool = False) -> None:
@@ -125,52 +109,109 @@ class RunDir:
             raise RunDirectoryError("--resume and --force contradict each other; give one")
         self.path = Path(out)
         self.config = config
+        self.resume = resume
+        self.force = force
         self.resumed = False
         self._replace = False
+        self._lock: int | None = None
         self._item_dir = self.path / ITEMS
+        self._check()
+        self._refuse_if_locked()
+
+    def _check(self) -> None:
+        """Decide between a new run, a resumed one and a replaced one; refuse anything else."""
+        self.resumed = self._replace = False
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"{self.path} exists and is not a directory")
-        occupied = self.path.is_dir() and any(self.path.iterdir())
+        _check_writable(self.path)
+        occupied = self.path.is_dir() and any(p.name != LOCK for p in self.path.iterdir())
         if not occupied:
             return
-        if resume:
+        if self.resume:
             if not is_run_dir(self.path):
                 raise RunDirectoryError(f"cannot resume: {self.path} is not a run directory (no {CONFIG})")
-            previous = _read_json(self.path / CONFIG)
-            if previous != config:
-                changed = sorted(k for k in set(previous) | set(config) if previous.get(k) != config.get(k))
+            previous = read_json(self.path / CONFIG)
+            if previous != self.config:
+                keys = set(previous) | set(self.config) if isinstance(previous, dict) else set(self.config)
+                changed = sorted(k for k in keys if not isinstance(previous, dict) or previous.get(k) != self.config.get(k))
                 raise RunDirectoryError(
                     f"cannot resume {self.path}: its config differs in {', '.join(changed)}; "
                     "use the same options, or --force to start over"
                 )
             self.resumed = True
-        elif force:
+        elif self.force:
             if not is_run_dir(self.path):
                 raise RunDirectoryError(f"refusing to replace {self.path}: it is not empty and not a run directory")
+            previous = read_json(self.path / CONFIG)
+            theirs = previous.get("experiment") if isinstance(previous, dict) else None
+            if theirs != self.config.get("experiment"):
+                raise RunDirectoryError(
+                    f"refusing to replace {self.path}: it is a run of {theirs!r}, not of {self.config.get('experiment')!r}"
+                )
+            nested = _nested_runs(self.path)
+            if nested:
+                raise RunDirectoryError(f"refusing to replace {self.path}: it holds other runs ({nested[0]})")
             self._replace = True
         else:
             raise RunDirectoryError(
                 f"{self.path} already holds files; use --resume to continue it or --force to replace it"
             )
 
+    def _refuse_if_locked(self) -> None:
+        holder = _lock_holder(self.path)
+        if holder is not None:
+            raise RunDirectoryError(
+                f"{self.path} is being written by another contllm process (pid {holder}); "
+                "wait for it to finish or choose another --out"
+            )
+
     def open(self) -> RunDir:
-        """Create the directory (replacing a previous run with --force) and write the config.
+        """Create and lock the directory, replace a previous run with --force, and write the config.
 
         Kept apart from the checks in the constructor so that a run can fail early (a
-        model that does not load) without touching anything on disk.
+        model that does not load) without touching anything on disk. The checks are made
+        again once the lock is held, since another process may have written meanwhile.
         """
-        if self._replace:
-            shutil.rmtree(self.path)
-        (self.path / ITEMS).mkdir(parents=True, exist_ok=True)
-        if not self.resumed:
-            atomic_write_json(self.path / CONFIG, self.config)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = _acquire(self.path)
+        try:
+            self._check()
+            if self._replace:
+                for entry in self.path.iterdir():
+                    if entry.name == LOCK:
+                        continue
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink()
+            if self.resumed:
+                for stale in self.path.rglob(".*.tmp*"):  # the unfinished writes of a killed run
+                    if stale.is_file():
+                        stale.unlink(missing_ok=True)
+            (self.path / ITEMS).mkdir(parents=True, exist_ok=True)
+            if not self.resumed:
+                atomic_write_json(self.path / CONFIG, self.config)
+        except BaseException:
+            self.close()
+            raise
         return self
+
+    def close(self) -> None:
+        """Release the directory's lock (idempotent)."""
+        if self._lock is not None:
+            _release(self.path, self._lock)
+            self._lock = None
+
+    def __enter__(self) -> RunDir:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ items
     def item_path(self, item_id: str) -> Path:
-        """Where :meth:`save_sweep` writes the record of ``item_id`` (items/, or this process's shard)."""
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in item_id)
-        return self._item_dir / f"{safe}.json"
+        """Where :meth:`save_record` writes the record of ``item_id`` (items/, or this process's shard)."""
+        return self._item_dir / f"{safe_name(item_id)}.json"
 
     def use_shard(self, rank: int) -> Path:
         """Write this process's records into ``shards/process-<rank>/`` from now on; returns that folder."""
@@ -184,22 +225,23 @@ class RunDir:
         shards = self.path / SHARDS
         return [self.path / ITEMS, *(sorted(p for p in shards.iterdir() if p.is_dir()) if shards.is_dir() else [])]
 
-    def finished(self) -> dict[str, Sweep]:
-        """The sweeps already on disk, by item id, from items/ and every shard.
+    def finished(self, decode: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+        """The records already on disk, by item id, from items/ and every shard, read by ``decode``.
 
         Unreadable records are ignored (and so redone); a record in items/ wins over a
         copy of the same item in a shard.
         """
-        done: dict[str, Sweep] = {}
+        done: dict[str, Any] = {}
         for folder in self._record_dirs():
             for path in sorted(folder.glob("*.json")):
-                sweep = _read_sweep(path)
-                if sweep is not None and sweep.item_id not in done:
-                    done[sweep.item_id] = sweep
+                found = _read_record(path, decode)
+                if found is not None and found[0] not in done:
+                    done[found[0]] = found[1]
         return done
 
-    def save_sweep(self, sweep: Sweep) -> None:
-        atomic_write_json(self.item_path(sweep.item_id), sweep.to_dict())
+    def save_record(self, item_id: str, data: dict[str, Any]) -> None:
+        """Write one item's record (JSON-able data) atomically."""
+        atomic_write_json(self.item_path(item_id), {"id": item_id, "record": data})
 
     def merge_shards(self) -> int:
         """Move every shard's records into items/ and remove the emptied shards; returns how many moved.
@@ -219,7 +261,7 @@ class RunDir:
         for folder in sorted(p for p in shards.iterdir() if p.is_dir()):
             for path in sorted(folder.glob("*.json")):
                 target = items / path.name
-                if target.exists() and _read_sweep(target) is not None:
+                if target.exists() and _read_record(target, lambda data: data) is not None:
                     path.unlink()
                     continue
                 os.replace(path, target)
@@ -232,37 +274,80 @@ class RunDir:
         with contextlib.suppress(OSError):
             shards.rmdir()
         if moved:
-            _fsync_dir(items)
+            fsync_dir(items)
         return moved
 
     # ------------------------------------------------------------------ manifest
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        previous = _read_json(self.path / MANIFEST) if (self.path / MANIFEST).is_file() else {}
+        previous = read_json(self.path / MANIFEST) if (self.path / MANIFEST).is_file() else {}
         if previous.get("started") and "started" in manifest:
             manifest = {**manifest, "started": previous["started"], "resumed": now()}
         atomic_write_json(self.path / MANIFEST, {**previous, **manifest})
 
 
-def _read_sweep(path: Path) -> Sweep | None:
-    """The sweep in a record file, or None when it cannot be read (a record to redo)."""
+def _read_record(path: Path, decode: Callable[[dict[str, Any]], Any]) -> tuple[str, Any] | None:
+    """(item id, record) from a record file, or None when it cannot be read (a record to redo)."""
     try:
-        return Sweep.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError, AttributeError, ContllmError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return str(data["id"]), decode(data["record"])
+    except Exception:  # noqa: BLE001 - whatever is wrong with a record, it is recomputed
         return None
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make the renames into ``path`` durable (where the platform can open a directory)."""
+def _acquire(directory: Path) -> int:
+    """An exclusive lock on directory/.lock, holding our pid; RunDirectoryError when another process has it."""
+    import fcntl
+
+    path = directory / LOCK
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            holder = _lock_holder(directory)
+            raise RunDirectoryError(
+                f"{directory} is being written by another contllm process (pid {holder or 'unknown'}); "
+                "wait for it to finish or choose another --out"
+            ) from None
+        # The holder before us may have removed the file between our open and our lock.
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            return fd
+        os.close(fd)
+
+
+def _release(directory: Path, fd: int) -> None:
+    """Remove directory/.lock and release it (in that order, so nobody locks a removed file unseen)."""
+    with contextlib.suppress(OSError):
+        os.unlink(directory / LOCK)
+    os.close(fd)
+
+
+def _lock_holder(directory: Path) -> str | None:
+    """The pid written in directory/.lock while a live process holds it, else None."""
+    import fcntl
+
+    path = directory / LOCK
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return
+        return None
     try:
-        os.fsync(fd)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            return os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    return None
 
 
 def package_versions() -> dict[str, str | None]:
@@ -291,9 +376,15 @@ def project_commit() -> str | None:
 
 
 def base_manifest(lm: Any, model_name: str) -> dict[str, Any]:
-    """Where a run's numbers come from: model, weights, software, device and dtype."""
+    """Where a run's numbers come from: model, weights, software, device, dtype and CPU (half-precision kernels differ by CPU).
+
+    The host name is recorded only when CONTLLM_RECORD_HOST=1 is set (run directories get shared).
+    """
+    from contllm.hardware import cpu_capability
+
     info = lm.info
-    return {
+    extra = {"host": platform.node()} if os.environ.get("CONTLLM_RECORD_HOST") == "1" else {}
+    return extra | {
         "model": model_name,
         "model_type": lm.model.config.model_type,
         "family": lm.family.name,
@@ -304,7 +395,7 @@ def base_manifest(lm: Any, model_name: str) -> dict[str, Any]:
         "attn_implementation": lm.attn_implementation,
         "versions": package_versions(),
         "commit": project_commit(),
+        "cpu": cpu_capability(),
         "command": " ".join(sys.argv),
-        "host": platform.node(),
         "started": now(),
     }

@@ -7,7 +7,7 @@ A spec looks like::
     dtype = "float32"                   # optional, like --dtype
 
     [[experiment]]
-    name = "counting"                   # counting, events or boolean
+    name = "counting"                   # any registered experiment (contllm run --help)
     samples = 20
     range = [0.1, 1.0]
     items = "20"                        # first N, or "id1,id2"
@@ -17,8 +17,10 @@ A spec looks like::
     label = "boolean-slerp"             # directory name when an experiment appears twice
     method = "slerp"
 
-Each (model, experiment) pair is written to ``<out>/<model>/<label or name>``. The whole
-spec is checked before anything runs; every model is loaded once.
+Each (model, experiment) pair is written to ``<out>/<model>/<label or name>``; labels are
+single directory names. An experiment table takes ``name``, ``label``, ``items`` and the
+experiment's own options (those of ``contllm run NAME --help``, with underscores). The
+whole spec is checked before anything runs; every model is loaded once.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 TOP_KEYS = {"out", "models", "dtype", "device", "seed", "max_batch_tokens", "item_figures", "experiment"}
-EXPERIMENT_KEYS = {"name", "label", "samples", "range", "items", "chat", "template", "event", "operators", "method"}
+#: Keys of an [[experiment]] table besides the experiment's own options.
+ENTRY_KEYS = {"name", "label", "items"}
+#: Labels and model directory names are single path components: no separators, no "." or "..".
+SAFE_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 @dataclass
@@ -62,25 +67,52 @@ class Spec:
     entries: list[SpecEntry]
 
 
+def _typed(data: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any, where: str) -> Any:
+    value = data.get(key, default)
+    if value is default:
+        return value
+    if isinstance(value, bool) and kind is not bool:
+        raise ExperimentError(f"{where}: '{key}' must be {_KIND_NAMES.get(kind, 'a value')}, got {value!r}")
+    if not isinstance(value, kind):
+        raise ExperimentError(f"{where}: '{key}' must be {_KIND_NAMES.get(kind, 'a value')}, got {value!r}")
+    return value
+
+
+_KIND_NAMES: dict[Any, str] = {str: "a string", int: "an integer", bool: "true or false"}
+
+
 def load_spec(path: Path) -> Spec:
     """Parse and check a spec file; ExperimentError names the file and the problem."""
-    from contllm.cli import EXPERIMENT_NAMES, build_config
+    from contllm import registry
+    from contllm.data import select_items
+    from contllm.models import DEFAULT_MODEL
 
     where = str(path)
     if not path.is_file():
         raise ExperimentError(f"spec file {where} does not exist")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
         raise ExperimentError(f"{where} is not valid TOML: {exc}") from None
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
         raise ExperimentError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(TOP_KEYS))}")
-    models = data.get("models", ["smollm2-135m"])
+    models = data.get("models", [DEFAULT_MODEL])
     if isinstance(models, str):
         models = [models]
     if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
         raise ExperimentError(f"{where}: 'models' must be a non-empty list of model names")
+    for model in models:
+        if not SAFE_COMPONENT.fullmatch(_model_dir(model)):
+            raise ExperimentError(f"{where}: model {model!r} does not give a plain directory name")
+    out = _typed(data, "out", str, None, where)
+    dtype = _typed(data, "dtype", str, None, where)
+    device = _typed(data, "device", str, "auto", where)
+    seed = _typed(data, "seed", int, 0, where)
+    max_batch_tokens = _typed(data, "max_batch_tokens", int, None, where)
+    if max_batch_tokens is not None and max_batch_tokens < 1:
+        raise ExperimentError(f"{where}: 'max_batch_tokens' must be >= 1, got {max_batch_tokens}")
+    item_figures = _typed(data, "item_figures", bool, True, where)
     experiments = data.get("experiment")
     if not isinstance(experiments, list) or not experiments:
         raise ExperimentError(f"{where}: no [[experiment]] tables; add at least one with a 'name'")
@@ -89,40 +121,42 @@ def load_spec(path: Path) -> Spec:
     for k, table in enumerate(experiments, start=1):
         if not isinstance(table, dict):
             raise ExperimentError(f"{where}: experiment {k} is not a table")
-        bad = sorted(set(table) - EXPERIMENT_KEYS)
-        if bad:
-            raise ExperimentError(f"{where}: experiment {k}: unknown key(s) {', '.join(bad)}")
         name = table.get("name")
-        if name not in EXPERIMENT_NAMES:
+        if name not in registry.EXPERIMENTS:
             raise ExperimentError(
-                f"{where}: experiment {k}: name must be one of {', '.join(EXPERIMENT_NAMES)}, got {name!r}"
+                f"{where}: experiment {k}: name must be one of {', '.join(registry.names())}, got {name!r}"
             )
-        label = str(table.get("label", name))
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", label):
-            raise ExperimentError(f"{where}: experiment {k}: label {label!r} must be a plain directory name")
+        experiment = registry.get(name)
+        allowed = ENTRY_KEYS | {o.name for o in experiment.options}
+        bad = sorted(set(table) - allowed)
+        if bad:
+            raise ExperimentError(
+                f"{where}: experiment {k}: unknown key(s) {', '.join(bad)}; {name} takes {', '.join(sorted(allowed))}"
+            )
+        label = table.get("label", name)
+        if not isinstance(label, str) or not SAFE_COMPONENT.fullmatch(label):
+            raise ExperimentError(
+                f"{where}: experiment {k}: label {label!r} must be a plain directory name "
+                "(letters, digits, '_', '.', '-'; not starting with '.' or '-')"
+            )
         if label in labels:
             raise ExperimentError(f"{where}: experiment {k}: label {label!r} is used twice; give each a 'label'")
         labels.add(label)
-        options = {key: v for key, v in table.items() if key not in ("name", "label", "items")}
+        if not experiment.engine and max_batch_tokens is not None:
+            raise ExperimentError(f"{where}: experiment {k} ({label}): max_batch_tokens does not apply to {name}")
+        options = {key: v for key, v in table.items() if key not in ENTRY_KEYS}
+        items = table.get("items")
+        if items is not None and (isinstance(items, bool) or not isinstance(items, (str, int))):
+            raise ExperimentError(f"{where}: experiment {k} ({label}): 'items' must be a count or a string of ids")
         try:
-            build_config(name, dict(options))
+            config = experiment.config(options)
+            select_items(experiment.items(config), items)
         except ExperimentError as exc:
             raise ExperimentError(f"{where}: experiment {k} ({label}): {exc}") from None
-        items = table.get("items")
         for model in models:
             entries.append(SpecEntry(model, name, label, None if items is None else str(items), options))
-    out = Path(data.get("out", Path("runs") / path.stem))
-    return Spec(
-        path=path,
-        out=out,
-        models=models,
-        dtype=data.get("dtype"),
-        device=str(data.get("device", "auto")),
-        seed=int(data.get("seed", 0)),
-        max_batch_tokens=data.get("max_batch_tokens"),
-        item_figures=bool(data.get("item_figures", True)),
-        entries=entries,
-    )
+    root = Path(out) if out is not None else Path("runs") / path.stem
+    return Spec(path, root, models, dtype, device, seed, max_batch_tokens, item_figures, entries)
 
 
 def _model_dir(model: str) -> str:
@@ -137,40 +171,33 @@ def run_spec(
     force: bool = False,
     device: str | None = None,
     dtype: str | None = None,
+    say: Any = None,
 ) -> list[Path]:
-    """Run every (model, experiment) of a spec; returns the run directories."""
-    from contllm import load
-    from contllm.cli import run_one
+    """Run every (model, experiment) of a spec; returns the run directories.
+
+    Every entry's options and items are checked before the first model loads.
+    """
+    from contllm import load, registry
     from contllm.distributed import start_processes
+    from contllm.runner import run
 
     spec = load_spec(path)
     root = out or spec.out
+    device = device if device not in (None, "auto") else spec.device
+    dtype = dtype or spec.dtype
     written = []
     # Under a launch each process loads on its own device, and the main process fills the model cache first.
-    procs = start_processes(device if device not in (None, "auto") else spec.device)
+    procs = start_processes(device)
     for model in spec.models:
         with procs.main_first():
-            lm = load(
-                model,
-                device=procs.device or (device if device not in (None, "auto") else spec.device),
-                dtype=dtype or spec.dtype,
-            )
+            lm = load(model, device=procs.device or device, dtype=dtype)
+        shared = {"model": model, "lm": lm, "resume": resume, "force": force, "seed": spec.seed, "device": device,
+                  "dtype": dtype, "item_figures": spec.item_figures, "say": say, "progress": say is not None}
         for entry in (e for e in spec.entries if e.model == model):
-            written.append(
-                run_one(
-                    entry.experiment,
-                    model=model,
-                    device=spec.device,
-                    dtype=dtype or spec.dtype,
-                    items=entry.items,
-                    out=root / _model_dir(model) / entry.label,
-                    resume=resume,
-                    force=force,
-                    seed=spec.seed,
-                    max_batch_tokens=spec.max_batch_tokens,
-                    item_figures=spec.item_figures,
-                    config_options=dict(entry.options),
-                    lm=lm,
-                )
-            )
+            if registry.get(entry.experiment).engine:
+                shared["max_batch_tokens"] = spec.max_batch_tokens
+            else:
+                shared.pop("max_batch_tokens", None)
+            out_dir = root / _model_dir(model) / entry.label
+            written.append(run(entry.experiment, options=dict(entry.options), items=entry.items, out=out_dir, **shared))
     return written

@@ -1,300 +1,144 @@
-"""What every experiment shares: sweeps, result objects, and the loop that runs them.
+"""What an experiment declares, so that one runner, the CLI, specs and reports can serve it.
 
-An experiment turns a dataset item into a :class:`Plan` (the signals of a sweep, the
-knob's values, the token sets to read); :func:`run_plans` evaluates plans and returns
-:class:`Sweep` objects; an :class:`ExperimentResult` holds them and can save and plot
-itself. Experiments are data in, result out: nothing here writes files unless asked.
+An experiment is one module that defines a subclass of :class:`Experiment` and an
+instance of it named ``EXPERIMENT``; one line in :mod:`contllm.registry` names the
+module. The experiment says what its options and items are and how a model turns its
+items into records, a record list into a result, and a result into a summary and
+figures. Everything else (the run directory, loading the model, the manifest, resume,
+shards over processes, progress, writing files) belongs to :mod:`contllm.runner`.
+
+Data in, data out: :meth:`Experiment.run` and :meth:`Experiment.result` write nothing;
+:meth:`Experiment.figures` returns matplotlib figures and saves none.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar
-
-import numpy as np
-import torch
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
 
 from contllm.errors import ExperimentError
-from contllm.readout import TokenSets
-from contllm.signal import Signal
+from contllm.experiments.options import Option, build_config, config_dict
 
 
-def sweep_values(low: float, high: float, samples: int, *, include: float | None = 1.0) -> np.ndarray:
-    """``samples`` evenly spaced values from low to high, plus ``include`` when it lies inside.
+class Item(Protocol):
+    """A unit of work: the runner records, resumes and shards experiments by ``id``."""
 
-    The plain prompt (factor 1, or alpha 0 and 1) is then always on the sweep.
-    """
-    if not (math.isfinite(low) and math.isfinite(high)):
-        raise ExperimentError(f"range must be finite, got {low},{high}")
-    if low > high:
-        raise ExperimentError(f"range min {low} is larger than max {high}")
-    if samples < 1:
-        raise ExperimentError(f"samples must be >= 1, got {samples}")
-    if samples == 1 and low != high:
-        raise ExperimentError("one sample needs a range with min == max")
-    values = np.linspace(low, high, samples)
-    if include is not None and low <= include <= high and not np.isclose(values, include, atol=1e-12).any():
-        values = np.sort(np.append(values, include))
-    return values.astype(np.float64)
+    id: str
 
 
-def parse_floats(text: str | Sequence[float], what: str) -> tuple[float, ...]:
-    """Numbers from "a,b,c" (or a sequence of numbers); ExperimentError naming ``what`` if any is not one, or none is given."""
-    return _parse_list(text, what, float, "numbers")
+class Result(Protocol):
+    """An experiment's result: plain data that writes itself as JSON."""
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
-def parse_ints(text: str | Sequence[int], what: str) -> tuple[int, ...]:
-    """Integers from "a,b,c" (or a sequence of integers); ExperimentError naming ``what`` if any is not one, or none is given."""
-    return _parse_list(text, what, int, "integers")
-
-
-def _parse_list(text: Any, what: str, kind: Callable[[Any], Any], noun: str) -> tuple[Any, ...]:
-    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
-    try:
-        values = tuple(kind(p) for p in parts if p != "")
-    except (TypeError, ValueError):
-        raise ExperimentError(f"{what} must be comma-separated {noun}, got {text!r}") from None
-    if not values:
-        raise ExperimentError(f"{what} is empty")
-    return values
-
-
-def parse_range(text: str) -> tuple[float, float]:
-    """'MIN,MAX' -> (min, max); ExperimentError for anything else."""
-    parts = [p.strip() for p in str(text).split(",")]
-    if len(parts) != 2:
-        raise ExperimentError(f"range must be 'MIN,MAX', got {text!r}")
-    try:
-        low, high = float(parts[0]), float(parts[1])
-    except ValueError:
-        raise ExperimentError(f"range must be two numbers 'MIN,MAX', got {text!r}") from None
-    if low > high:
-        raise ExperimentError(f"range min {low} is larger than max {high}")
-    return low, high
+Table = tuple[Sequence[str], Iterable[Mapping[str, Any]]]
 
 
 @dataclass
-class DurationSweepConfig:
-    """Options shared by the experiments that scale durations (counting, events).
+class Context:
+    """What the runner hands an experiment's :meth:`Experiment.run`.
 
-    template: the prompt (None: the experiment's default, or its chat default with chat).
-    low, high, samples: the duration factors, evenly spaced (1.0 added when inside).
-    chat: wrap the prompt in the model's chat template (instruct models).
+    evaluate: signals -> next-token distributions [S, vocab] through the batched engine
+        (set for experiments with ``engine = True``; None otherwise).
+    seed: the run's seed. say: one line of news for the user (stderr; nothing when quiet).
+    model_name: how the run names the model (alias, hub id or directory).
     """
 
-    DEFAULT_TEMPLATE: ClassVar[str] = ""
-    CHAT_TEMPLATE: ClassVar[str] = ""
-    FIELDS: ClassVar[tuple[str, ...]] = ()
-    REQUIRED: ClassVar[tuple[str, ...]] = ()
-
-    template: str | None = None
-    low: float = 0.1
-    high: float = 1.0
-    samples: int = 10
-    chat: bool = False
-
-    def __post_init__(self) -> None:
-        from contllm.experiments.prompts import check_template
-
-        if self.low <= 0:
-            raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
-        check_template(self.resolved_template(), self.FIELDS, required=self.REQUIRED)
-
-    def resolved_template(self) -> str:
-        if self.template is not None:
-            return self.template
-        return self.CHAT_TEMPLATE if self.chat else self.DEFAULT_TEMPLATE
+    evaluate: Callable[[list[Any]], Any] | None = None
+    seed: int = 0
+    say: Callable[[str], None] = field(default=lambda message: None)
+    model_name: str = "model"
 
 
-@dataclass
-class Plan:
-    """The sweep of one dataset item, before it runs.
+class Experiment:
+    """The declaration of one experiment (subclass it; see the module docstring).
 
-    item_id: the item's id; x: the knob's values [S]; signals: one signal per value;
-    token_sets: what to read; truth: the expected label (or None); meta: item facts
-    worth saving (word, n, operators, ...).
+    Class attributes:
+        name: what ``contllm run NAME`` and a spec's ``name`` call it.
+        help: one line for ``contllm run --help``; description: a paragraph for
+            ``contllm run NAME --help`` (what it does, what it reads out, item ids).
+        Config: a dataclass whose fields have defaults and whose ``__post_init__``
+            raises ExperimentError for values that make no sense.
+        options: the :class:`Option` entries that set Config fields.
+        engine: True when the experiment evaluates signals through the batched engine
+            (it then takes --max-batch-tokens and --device-map).
+        shardable: True when items are independent, so that the processes of an
+            ``accelerate launch`` can share them.
+        unit: what one record is called in messages ("item", "prompt", "point").
+        x_label: the knob of its sweeps, for tables and axes.
     """
 
-    item_id: str
-    x: np.ndarray
-    signals: list[Signal]
-    token_sets: TokenSets
-    truth: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    name: ClassVar[str] = ""
+    help: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Config: ClassVar[type]
+    options: ClassVar[tuple[Option, ...]] = ()
+    engine: ClassVar[bool] = False
+    shardable: ClassVar[bool] = False
+    unit: ClassVar[str] = "item"
 
+    # ------------------------------------------------------------------ configuration
+    def config(self, given: Mapping[str, Any] | None = None) -> Any:
+        """The config from option values (None: every default); ExperimentError for bad values."""
+        return build_config(self.Config, self.options, dict(given or {}), what=self.name)
 
-@dataclass
-class Sweep:
-    """One item's curves: probabilities [S, K] of the labels over the knob's values x [S]."""
+    def config_dict(self, config: Any) -> dict[str, Any]:
+        """The config as JSON-able data (what config.json records and --resume compares)."""
+        return config_dict(config)
 
-    item_id: str
-    x: np.ndarray
-    labels: list[str]
-    probs: np.ndarray
-    truth: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    def check_config(self, config: Any) -> Any:
+        """``config`` itself when it is this experiment's Config, else ExperimentError."""
+        if not isinstance(config, self.Config):
+            raise ExperimentError(f"{self.name} takes a {self.Config.__name__}, got {type(config).__name__}")
+        return config
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "item_id": self.item_id,
-            "x": [float(v) for v in self.x],
-            "labels": list(self.labels),
-            "probs": [[float(p) for p in row] for row in self.probs],
-            "truth": self.truth,
-            "meta": self.meta,
-        }
+    # ------------------------------------------------------------------ work
+    def items(self, config: Any) -> Sequence[Item]:
+        """Every unit of work for ``config``, in order (``--items`` selects among them)."""
+        raise NotImplementedError
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Sweep:
-        try:
-            return cls(
-                item_id=str(data["item_id"]),
-                x=np.asarray(data["x"], dtype=np.float64),
-                labels=[str(v) for v in data["labels"]],
-                probs=np.asarray(data["probs"], dtype=np.float64),
-                truth=data.get("truth"),
-                meta=dict(data.get("meta") or {}),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ExperimentError(f"malformed sweep record: {exc}") from None
+    def check(self, lm: Any, config: Any) -> None:
+        """Checks that need the loaded model (layer numbers, ...); raise ExperimentError. Nothing is written yet."""
 
-    def column(self, label: str) -> np.ndarray:
-        """The probability curve [S] of one label."""
-        return self.probs[:, self.labels.index(label)]
+    def run(self, lm: Any, config: Any, items: Sequence[Item], context: Context) -> Iterator[tuple[str, Any]]:
+        """Compute ``items`` on ``lm``: yields (item id, record) for each item, in order."""
+        raise NotImplementedError
 
-    def argmax_labels(self) -> list[str]:
-        """The most probable label at each value of x."""
-        return [self.labels[int(i)] for i in self.probs.argmax(axis=1)]
+    def encode(self, record: Any) -> dict[str, Any]:
+        """A record as JSON-able data (items/<id>.json)."""
+        return record.to_dict()
 
-    def implied_value(self) -> np.ndarray:
-        """E[label] over numeric labels, renormalised over the label set: [S]."""
-        numeric = [(i, float(lab)) for i, lab in enumerate(self.labels) if _is_number(lab)]
-        if not numeric:
-            raise ExperimentError("no numeric labels to take an expectation over")
-        cols = [i for i, _ in numeric]
-        values = np.array([v for _, v in numeric])
-        p = self.probs[:, cols]
-        mass = p.sum(axis=1)
-        return (p @ values) / np.where(mass > 0, mass, np.nan)
+    def decode(self, data: dict[str, Any]) -> Any:
+        """A record from :meth:`encode`'s data; raise ExperimentError (or ValueError) when malformed."""
+        raise NotImplementedError
 
-    def at(self, value: float) -> np.ndarray:
-        """The label probabilities [K] at the sample closest to ``value``."""
-        return self.probs[int(np.argmin(np.abs(self.x - value)))]
+    # ------------------------------------------------------------------ results
+    def result(self, model: str, config: Any, records: Sequence[Any]) -> Result:
+        """The whole result from every item's record (in item order)."""
+        raise NotImplementedError
 
+    def load_result(self, data: dict[str, Any]) -> Result:
+        """A result from its ``to_dict()`` data (results.json)."""
+        raise NotImplementedError
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+    def tables(self, result: Any) -> dict[str, Table]:
+        """CSV tables to write beside results.json: file stem -> (columns, rows)."""
+        return {}
 
+    def summary(self, result: Any) -> dict[str, Any]:
+        """Headline numbers (summary.json; ``contllm report`` compares the numeric ones)."""
+        raise NotImplementedError
 
-@dataclass
-class ExperimentResult:
-    """Every sweep of one experiment on one model, with the configuration that made it."""
+    def figures(self, result: Any, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
+        """(name, matplotlib figure) pairs: "summary" first, then e.g. "items/<id>" (none saved)."""
+        return iter(())
 
-    experiment: str
-    model: str
-    config: dict[str, Any]
-    sweeps: list[Sweep]
-    x_label: str = "factor"
+    def report_columns(self, result: Any) -> dict[str, Any]:
+        """Columns that describe a run in ``contllm report``'s table (e.g. a sweep's range), beside its summary."""
+        return {}
 
-    def rows(self) -> Iterable[dict[str, Any]]:
-        """Tidy rows: one per item, value of x and label."""
-        for s in self.sweeps:
-            for k, x in enumerate(s.x):
-                for j, label in enumerate(s.labels):
-                    yield {
-                        "item": s.item_id,
-                        self.x_label: float(x),
-                        "label": label,
-                        "probability": float(s.probs[k, j]),
-                        "truth": "" if s.truth is None else s.truth,
-                    }
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "experiment": self.experiment,
-            "model": self.model,
-            "x_label": self.x_label,
-            "config": self.config,
-            "sweeps": [s.to_dict() for s in self.sweeps],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ExperimentResult:
-        try:
-            return cls(
-                experiment=str(data["experiment"]),
-                model=str(data["model"]),
-                config=dict(data["config"]),
-                sweeps=[Sweep.from_dict(s) for s in data["sweeps"]],
-                x_label=str(data.get("x_label", "factor")),
-            )
-        except (KeyError, TypeError) as exc:
-            raise ExperimentError(f"malformed results file: missing {exc}") from None
-
-    def save(self, directory: str | Path) -> list[Path]:
-        """Write results.json and results.csv into ``directory`` (atomically); returns the paths."""
-        from contllm.runs import atomic_write_text
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        json_path = atomic_write_text(directory / "results.json", json.dumps(self.to_dict(), indent=1))
-        csv_path = directory / "results.csv"
-        rows = list(self.rows())
-        lines = _csv_text(rows, ["item", self.x_label, "label", "probability", "truth"])
-        atomic_write_text(csv_path, lines)
-        return [json_path, csv_path]
-
-    def plot(self, item_id: str | None = None) -> Any:
-        """A matplotlib figure: the summary across items, or one item's curves."""
-        from contllm import plotting
-
-        if item_id is None:
-            return plotting.summary_figure(self)
-        matches = [s for s in self.sweeps if s.item_id == item_id]
-        if not matches:
-            raise ExperimentError(f"no item {item_id!r} in this result")
-        return plotting.item_figure(self, matches[0])
-
-    def summary(self) -> dict[str, Any]:
-        """Headline numbers of this result (see :func:`contllm.experiments.summarize`)."""
-        from contllm.experiments import summarize
-
-        return summarize(self)
-
-
-def _csv_text(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    import io
-
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow(row)
-    return buffer.getvalue()
-
-
-Evaluator = Callable[[list[Signal]], torch.Tensor]
-
-
-def run_plan(plan: Plan, evaluate: Evaluator) -> Sweep:
-    """Evaluate one plan: next-token distributions [S, vocab] -> label probabilities [S, K]."""
-    probs = evaluate(plan.signals)
-    gathered = plan.token_sets.gather(probs.float()).cpu().numpy().astype(np.float64)
-    if not np.isfinite(gathered).all():
-        raise ExperimentError(f"item {plan.item_id}: the model produced non-finite probabilities")
-    return Sweep(plan.item_id, plan.x, list(plan.token_sets.labels), gathered, plan.truth, dict(plan.meta))
-
-
-def config_dict(config: Any) -> dict[str, Any]:
-    """A dataclass config as plain JSON-able data."""
-    data = asdict(config)
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in data.items()}
+    def comparison(self, results: Sequence[tuple[str, Any]]) -> Any:
+        """One figure comparing labelled results of this experiment (``contllm report``), or None."""
+        return None

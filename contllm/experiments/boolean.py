@@ -8,11 +8,17 @@ two tokenize into different numbers of tokens; 0/1 and false/true are read out.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
+
+from contllm import metrics
 from contllm.data import BooleanTable, load_boolean
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Plan, sweep_values
+from contllm.experiments.options import Option
+from contllm.experiments.sweeps import ExperimentResult, Plan, Sweep, SweepExperiment, sweep_options, sweep_values
 from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
 from contllm.interpolate import interpolate_spans
 from contllm.lm import ContinuousLM
@@ -55,6 +61,7 @@ class BooleanConfig:
     def __post_init__(self) -> None:
         if not (0.0 <= self.low <= self.high <= 1.0):
             raise ExperimentError(f"alpha range must lie within 0,1 with min <= max, got {self.low},{self.high}")
+        sweep_values(self.low, self.high, self.samples, include=None)
         if self.method not in ("linear", "slerp"):
             raise ExperimentError(f"method must be 'linear' or 'slerp', got {self.method!r}")
         check_template(self.resolved_template(), ("a", "op", "b"), required=("op",))
@@ -115,3 +122,66 @@ def plan_item(lm: ContinuousLM, item: BooleanItem, config: BooleanConfig) -> Pla
         "tokens_second": len(sb),
     }
     return Plan(item.id, alphas, signals, truth_values(lm.tokenizer), truth=None, meta=meta)
+
+
+class BooleanExperiment(SweepExperiment):
+    name = "boolean"
+    help = "A Boolean operator interpolated into another in embedding space; 0/1 and false/true read out."
+    description = (
+        'The operator of "What is the truth value of 1 AND 0?" is interpolated into another operator '
+        "(every unordered pair of AND, OR, XOR, NAND, NOR, XNOR, IMPLIES, or --operators) for every input "
+        "pair, linearly or by slerp; 0/1 and false/true are read out. Item ids look like AND-XOR-10."
+    )
+    Config = BooleanConfig
+    options = (
+        *sweep_options("alpha (within 0,1)", "0,1", 21),
+        Option("operators", "words", "Comma-separated operators to pair, e.g. AND,XOR. [default: all]"),
+        Option("method", "str", "linear or slerp interpolation. [default: linear]"),
+    )
+    x_label = "alpha"
+
+    def items(self, config: BooleanConfig) -> Sequence[BooleanItem]:
+        return boolean_items(config)
+
+    def plan_item(self, lm: Any, item: BooleanItem, config: BooleanConfig) -> Plan:
+        return plan_item(lm, item, config)
+
+    def describe(self, sweep: Sweep) -> str:
+        m = sweep.meta
+        return f"{m.get('first')} -> {m.get('second')} on ({m.get('a')}, {m.get('b')}), {m.get('method')}"
+
+    def summary(self, result: ExperimentResult) -> dict[str, Any]:
+        """Truth-table accuracy at alpha 0 and 1 (argmax of 0 vs 1); mean total variation and largest step of P(1)."""
+        sweeps = result.sweeps
+        if not sweeps:
+            raise ExperimentError("the result holds no sweeps")
+        out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(sweeps)}
+
+        def correct(s: Sweep, at: float, key: str) -> bool | None:
+            if not np.isclose(s.x, at).any():
+                return None
+            p = s.at(at)
+            return int(p[s.labels.index("1")] > p[s.labels.index("0")]) == int(s.meta[key])
+
+        for at, key, name in ((0.0, "truth_first", "accuracy_at_alpha_0"), (1.0, "truth_second", "accuracy_at_alpha_1")):
+            marks = [correct(s, at, key) for s in sweeps]
+            if all(m is not None for m in marks):
+                out[name] = float(np.mean(marks))
+        shapes = [metrics.smoothness(s.x, s.column("1")) for s in sweeps if len(s.x) > 1]
+        if shapes:
+            out["mean_total_variation_p1"] = float(np.mean([m.total_variation for m in shapes]))
+            out["mean_max_jump_p1"] = float(np.mean([m.max_jump for m in shapes]))
+        return out
+
+    def summary_figure(self, result: ExperimentResult) -> Any:
+        from contllm.experiments import figures
+
+        return figures.boolean_summary_figure(result)
+
+    def comparison(self, results: Sequence[tuple[str, ExperimentResult]]) -> Any:
+        from contllm.experiments import figures
+
+        return figures.boolean_comparison([figures.Compared(label, r, self.summary(r)) for label, r in results])
+
+
+EXPERIMENT = BooleanExperiment()

@@ -7,15 +7,14 @@ numbers ("four 0.75-apples are about three apples").
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from contllm.data import CountingItem
-from contllm.experiments.base import DurationSweepConfig, Plan, sweep_values
+from contllm.data import CountingItem, load_counting
 from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, Plan, Sweep, scaled_plan, sweep_options
 from contllm.lm import ContinuousLM
-from contllm.readout import digits
-from contllm.signal import Signal
 
 #: Few-shot completions: fifteen short words, each repeated 2 to 6 times (every count three
 #: times, in a shuffled order), then the item. Small models do not count with a zero-shot
@@ -72,9 +71,28 @@ def render_item(lm: ContinuousLM, item: CountingItem, config: CountingConfig) ->
 def plan_item(lm: ContinuousLM, item: CountingItem, config: CountingConfig) -> Plan:
     """The sweep of one counting item: the word's occurrences scaled by each factor."""
     rendered = render_item(lm, item, config)
-    base = Signal.from_text(lm.tokenizer, rendered.text, add_special_tokens=not config.chat)
-    spans = rendered.spans["words"]
-    factors = sweep_values(config.low, config.high, config.samples)
-    signals = [base.scale(spans, float(c)) for c in factors]
-    meta = {"word": item.word, "n": item.n, "category": item.category, "tokens": len(base)}
-    return Plan(item.id, factors, signals, digits(lm.tokenizer), truth=str(item.n), meta=meta)
+    meta = {"word": item.word, "n": item.n, "category": item.category}
+    return scaled_plan(lm, item.id, rendered.text, rendered.spans["words"], config, str(item.n), meta)
+
+
+class CountingExperiment(CountingSweepExperiment):
+    name = "counting"
+    help = "A word repeated n times, its occurrences' durations scaled by a factor; digits read out."
+    description = (
+        "Each item repeats a word n times (2-6) inside a few-shot prompt; every occurrence's duration is "
+        "scaled by the factor c and the digits 0-9 are read out. Item ids look like count-003 (130 items)."
+    )
+    Config = CountingConfig
+    options = sweep_options("the duration factor c", "0.1,1.0", 10)
+
+    def items(self, config: CountingConfig) -> Sequence[CountingItem]:
+        return load_counting()
+
+    def plan_item(self, lm: Any, item: CountingItem, config: CountingConfig) -> Plan:
+        return plan_item(lm, item, config)
+
+    def describe(self, sweep: Sweep) -> str:
+        return f'"{sweep.meta.get("word")}" x {sweep.meta.get("n")}'
+
+
+EXPERIMENT = CountingExperiment()

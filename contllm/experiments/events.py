@@ -6,16 +6,16 @@ action"); the digits 0-9 after the answer prefix are read out.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from contllm.data import EventItem
+from contllm.data import EventItem, load_events
 from contllm.errors import ExperimentError
-from contllm.experiments.base import DurationSweepConfig, Plan, sweep_values
+from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, Plan, Sweep, scaled_plan, sweep_options
 from contllm.lm import ContinuousLM
-from contllm.readout import digits
-from contllm.signal import Signal
 
 #: Worked examples (two stories, two tutorials; 2, 5, 3 and 6 events) in the item's own
 #: format, then the passage, its question and its answer prefix, so that a digit comes next.
@@ -86,12 +86,41 @@ def render_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> Rend
 def plan_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> Plan:
     """The sweep of one passage: all events, or the chosen one, scaled by each factor."""
     rendered = render_item(lm, item, config)
-    base = Signal.from_text(lm.tokenizer, rendered.text, add_special_tokens=not config.chat)
     spans = rendered.spans["events"]
     if config.event > len(spans):
         raise ExperimentError(f"item {item.id} has {len(spans)} events; event {config.event} does not exist")
     chosen = spans if config.event == 0 else [spans[config.event - 1]]
-    factors = sweep_values(config.low, config.high, config.samples)
-    signals = [base.scale(chosen, float(c)) for c in factors]
-    meta = {"kind": item.kind, "n": item.n, "event": config.event, "tokens": len(base)}
-    return Plan(item.id, factors, signals, digits(lm.tokenizer), truth=str(item.n), meta=meta)
+    meta = {"kind": item.kind, "n": item.n, "event": config.event}
+    return scaled_plan(lm, item.id, rendered.text, chosen, config, str(item.n), meta)
+
+
+class EventsExperiment(CountingSweepExperiment):
+    name = "events"
+    help = "A passage of n events, their durations scaled by a factor; digits read out."
+    description = (
+        "Each item is a short story or tutorial of n events (3-7) and a question about how many happened; "
+        "every event (or only --event K) has its duration scaled by c and the digits 0-9 are read out."
+    )
+    Config = EventsConfig
+    options = (
+        *sweep_options("the duration factor c", "0.1,1.0", 10),
+        Option("event", "int", "Scale only this event (1-based; passages with fewer events are left out); 0 scales all. [default: 0]"),
+    )
+
+    def items(self, config: EventsConfig) -> Sequence[EventItem]:
+        items = load_events()
+        longest = max(item.n for item in items)
+        if config.event > longest:
+            raise ExperimentError(f"event {config.event} does not exist; the passages have at most {longest} events")
+        return [item for item in items if item.n >= config.event]
+
+    def plan_item(self, lm: Any, item: EventItem, config: EventsConfig) -> Plan:
+        return plan_item(lm, item, config)
+
+    def describe(self, sweep: Sweep) -> str:
+        meta = sweep.meta
+        which = "all events" if not meta.get("event") else f"event {meta.get('event')}"
+        return f"{meta.get('kind')}, {meta.get('n')} events, {which} scaled"
+
+
+EXPERIMENT = EventsExperiment()

@@ -7,22 +7,24 @@
 * :mod:`~contllm.pde.hidden`: :func:`causal_smoothing`, the hidden-state variant;
 * :mod:`~contllm.pde.measure`: output measures, perplexity, the attention distance
   profile and its fits;
-* :mod:`~contllm.pde.experiment`: :func:`run_pde` (a sweep of T) and ``contllm run pde``;
-  :mod:`~contllm.pde.result` and :mod:`~contllm.pde.figures`: saving and plotting.
+* :mod:`~contllm.pde.experiment`: :func:`run_pde` (a sweep of T) and ``EXPERIMENT``,
+  what ``contllm run pde`` runs;
+* :mod:`~contllm.pde.result`: :class:`PDEResult`, the records as data, and
+  :mod:`~contllm.pde.figures`: the figures drawn from it.
 """
 
 from __future__ import annotations
 
-from contllm.pde.attention import IMPLEMENTATION, attention_modules, pde_attention
+from contllm.pde.attention import IMPLEMENTATION, pde_attention
 from contllm.pde.dynamics import KINDS, Dynamics, DynamicsError, apply_dynamics
 from contllm.pde.experiment import (
     DEFAULT_TIMES,
+    EXPERIMENT,
     VARIANTS,
     PDEConfig,
+    PDEExperiment,
     Prompt,
-    config_from_options,
     run_pde,
-    run_pde_command,
     shipped_prompts,
     shipped_text,
 )
@@ -32,6 +34,7 @@ from contllm.pde.result import PDEResult
 
 __all__ = [
     "DEFAULT_TIMES",
+    "EXPERIMENT",
     "IMPLEMENTATION",
     "KINDS",
     "VARIANTS",
@@ -40,20 +43,18 @@ __all__ = [
     "DynamicsError",
     "Fit",
     "PDEConfig",
+    "PDEExperiment",
     "PDEResult",
     "Prompt",
     "apply_dynamics",
-    "attention_modules",
     "causal_smoothing",
     "compare_fits",
-    "config_from_options",
     "fit_exponential",
     "fit_power_law",
     "output_measures",
     "pde_attention",
     "perplexity",
     "run_pde",
-    "run_pde_command",
     "shipped_prompts",
     "shipped_text",
 ]

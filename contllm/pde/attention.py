@@ -27,7 +27,8 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from contllm.attention import attention_modules, model_of, stock_eager, switched_attention
+from contllm.attention import stock_eager, switched_attention
+from contllm.families import attention_modules, head_counts, model_of
 from contllm.pde.dynamics import Dynamics, DynamicsError
 
 #: The name under which the attention function is registered with transformers.
@@ -143,7 +144,7 @@ def pde_attention(
     """
     net = model_of(model)
     modules = attention_modules(net)
-    heads = int(getattr(net.config, "num_attention_heads", 0) or getattr(net.config, "n_head", 0))
+    heads, _ = head_counts(net)
     layer = _index(layer, len(modules), "layer")
     head = _index(head, heads, "head") if head is not None else None
     if any(m in _BINDINGS for m in modules):

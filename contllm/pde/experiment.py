@@ -9,8 +9,15 @@ For each T of the sweep and each variant
 one forward over the shipped text (perplexity, per-position KL and top-1 against the
 stock model, and every layer's attention rows: distance profile, long-range mass,
 entropy) and one batch of short prompts (KL, top-1 and entropy at the last position).
-T = 0 is the stock model, shared by the variants. :func:`run_pde` returns a
-:class:`~contllm.pde.result.PDEResult`; :func:`run_pde_command` is ``contllm run pde``.
+
+The work units (items) are the (variant, T) points, named by :func:`step_id`
+("stock-T0", "attention-T4"); T = 0 is the stock model, one point shared by the
+variants. The stock model's logits that every point is measured against are computed
+afresh by each :meth:`PDEExperiment.run` (one eager forward of the text and the prompts),
+so a resumed run, or one that selects points without "stock-T0", measures exactly what a
+whole run would. :data:`EXPERIMENT` is what ``contllm run pde`` runs through
+:mod:`contllm.runner`; :func:`run_pde` is the same sweep in Python, returning a
+:class:`~contllm.pde.result.PDEResult`.
 """
 
 from __future__ import annotations
@@ -18,26 +25,35 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from contllm.data import select_items
 from contllm.errors import ExperimentError
-from contllm.experiments.base import parse_floats
-from contllm.pde.attention import attention_modules, pde_attention
+from contllm.experiments.base import Context, Experiment, Table
+from contllm.experiments.options import Option, config_dict, parse_floats
+from contllm.families import attention_modules, head_counts
+from contllm.files import jsonable
+from contllm.pde.attention import pde_attention
 from contllm.pde.dynamics import SPACINGS, Dynamics
+from contllm.pde.figures import comparison_figure, figures as draw_figures
 from contllm.pde.hidden import causal_smoothing
 from contllm.pde.measure import AttentionRecorder, compare_fits, output_measures, perplexity
-from contllm.pde.result import PDEResult, jsonable
+from contllm.pde.result import CSV_COLUMNS, PROFILE_COLUMNS, PDEResult, check_record
 
 DEFAULT_TIMES: tuple[float, ...] = (0.0, 0.1, 0.4, 1.0, 4.0, 16.0, 64.0, 256.0)
 VARIANTS = ("attention", "matched", "hidden")
 SWEPT_KINDS = ("diffusion", "wave", "reaction")
+#: The text's fewest tokens for a distance profile worth fitting.
+MIN_TEXT_TOKENS = 8
+
+
+# ---------------------------------------------------------------------------- the shipped data
 
 
 @dataclass(frozen=True)
@@ -68,22 +84,30 @@ def shipped_prompts() -> tuple[Prompt, ...]:
     return _data()["prompts"]
 
 
-def select_prompts(items: str | None, prompts: Sequence[Prompt]) -> list[Prompt]:
-    """All prompts (None), the first N ("3"), or those named ("capital,code")."""
-    if items is None:
-        return list(prompts)
-    text = items.strip()
-    if text.isdigit():
-        n = int(text)
-        if not 1 <= n <= len(prompts):
-            raise ExperimentError(f"--items must be between 1 and {len(prompts)}, got {n}")
-        return list(prompts)[:n]
-    by_id = {p.id: p for p in prompts}
-    wanted = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [w for w in wanted if w not in by_id]
-    if unknown or not wanted:
-        raise ExperimentError(f"unknown pde prompt(s) {', '.join(unknown) or repr(items)}; the prompts are {', '.join(by_id)}")
-    return [by_id[w] for w in wanted]
+def select_prompts(spec: str | int | None, prompts: Sequence[Prompt] | None = None) -> list[Prompt]:
+    """All prompts (None), the first N ("3"), or those named ("capital,code"), by :func:`contllm.data.select_items`.
+
+    prompts: None for the shipped ones. ExperimentError naming the prompts otherwise.
+    """
+    prompts = shipped_prompts() if prompts is None else prompts
+    try:
+        return select_items(prompts, spec)
+    except ExperimentError as exc:
+        if isinstance(spec, str) and not spec.strip().lstrip("+-").isdigit():
+            known = {p.id for p in prompts}
+            unknown = [w.strip() for w in spec.split(",") if w.strip() and w.strip() not in known]
+            raise ExperimentError(
+                f"unknown pde prompt(s) {', '.join(unknown) or repr(spec)}; the prompts are {', '.join(p.id for p in prompts)}"
+            ) from None
+        raise ExperimentError(f"--prompts: {exc}") from None
+
+
+# ---------------------------------------------------------------------------- options and items
+
+
+def step_id(variant: str, T: float) -> str:
+    """The name of one (variant, T) point ("attention-T4", "stock-T0")."""
+    return f"{variant}-T{T:g}"
 
 
 @dataclass
@@ -91,22 +115,24 @@ class PDEConfig:
     """Options of the probe.
 
     times: the pseudo-times T (>= 0; 0 is always added). dynamics: "diffusion", "wave"
-    or "reaction" for the ``attention`` variant. rho, c: reaction strength and wave speed.
-    spacing: "time" or "index" (see :class:`~contllm.pde.dynamics.Dynamics`).
+    or "reaction" for the ``attention`` variant. rho, wave_speed: reaction strength and
+    wave speed c. spacing: "time" or "index" (see :class:`~contllm.pde.dynamics.Dynamics`).
     variants: which of :data:`VARIANTS` to run. layer, head: the scope (None: all).
-    long_range: D of the long-range mass. fit_min, fit_max: distances of the profile fits
+    long_range: D of the long-range mass. prompts: which shipped prompts (None: all, "N":
+    the first N, "id1,id2": those). fit_min, fit_max: distances of the profile fits
     (fit_max None: half the text's tokens).
     """
 
     times: tuple[float, ...] = DEFAULT_TIMES
     dynamics: str = "diffusion"
     rho: float = 1.0
-    c: float = 1.0
+    wave_speed: float = 1.0
     spacing: str = "time"
     variants: tuple[str, ...] = VARIANTS
     layer: int | None = None
     head: int | None = None
     long_range: int = 32
+    prompts: str | None = None
     fit_min: int = 1
     fit_max: int | None = None
 
@@ -116,6 +142,11 @@ class PDEConfig:
             if not (math.isfinite(t) and t >= 0):
                 raise ExperimentError(f"pseudo-times must be finite and >= 0, got {t:g}")
         self.times = tuple(sorted(set(times) | {0.0}))
+        named: dict[str, float] = {}
+        for t in self.times:
+            other = named.setdefault(step_id("", t), t)
+            if other != t:
+                raise ExperimentError(f"pseudo-times {other!r} and {t!r} are too close to tell apart in point ids (T{t:g})")
         if self.dynamics not in SWEPT_KINDS:
             raise ExperimentError(f"dynamics must be one of {', '.join(SWEPT_KINDS)}, got {self.dynamics!r}")
         if self.spacing not in SPACINGS:
@@ -130,19 +161,47 @@ class PDEConfig:
             raise ExperimentError(f"long_range must be >= 1, got {self.long_range}")
         if self.fit_min < 1 or (self.fit_max is not None and self.fit_max < self.fit_min + 2):
             raise ExperimentError(f"the fit range needs 1 <= fit_min and fit_max >= fit_min + 2, got {self.fit_min}, {self.fit_max}")
-        Dynamics(self.dynamics, rho=self.rho, c=self.c, spacing=self.spacing)  # checks rho and c
+        Dynamics(self.dynamics, rho=self.rho, c=self.wave_speed, spacing=self.spacing)  # checks rho and c
+        select_prompts(self.prompts)
 
     def dynamics_at(self, variant: str, T: float) -> Dynamics:
         kind = self.dynamics if variant == "attention" else "matched"
-        return Dynamics(kind, T, rho=self.rho, c=self.c, spacing=self.spacing)
+        return Dynamics(kind, T, rho=self.rho, c=self.wave_speed, spacing=self.spacing)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["times"], data["variants"] = list(self.times), list(self.variants)
-        return data
+        return config_dict(self)
 
 
-# ---------------------------------------------------------------------------- one step of the sweep
+OPTIONS = (
+    Option("times", "floats", "Pseudo-times T >= 0, comma-separated (0 is always added). [default: 0,0.1,0.4,1,4,16,64,256]"),
+    Option("dynamics", "str", "diffusion, wave or reaction. [default: diffusion]"),
+    Option("variants", "words", "attention, matched (temperature control), hidden (state smoothing), comma-separated. [default: all]"),
+    Option("layer", "int", "Only this layer (negative from the end). [default: all layers]"),
+    Option("head", "int", "Only this head of each layer in scope (--layer: one layer). [default: all heads]"),
+    Option("spacing", "str", "time (cells as wide as durations) or index. [default: time]"),
+    Option("rho", "float", "Reaction strength of --dynamics reaction. [default: 1]"),
+    Option("wave_speed", "float", "Wave speed c of --dynamics wave. [default: 1]"),
+    Option("long_range", "int", "D of the long-range mass (keys more than D back). [default: 32]"),
+    Option("prompts", "str", "The first N shipped prompts, or a comma-separated list of their ids. [default: all 8]"),
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One work unit: a variant ("stock", "attention", "matched", "hidden") at one pseudo-time T."""
+
+    id: str
+    variant: str
+    T: float
+
+
+def points(config: PDEConfig) -> list[Point]:
+    """The stock model first, then each variant's positive T in order."""
+    plan = [("stock", 0.0)] + [(v, T) for v in config.variants for T in config.times if T > 0]
+    return [Point(step_id(v, T), v, T) for v, T in plan]
+
+
+# ---------------------------------------------------------------------------- one point
 
 
 @dataclass
@@ -227,19 +286,70 @@ def _record(
 # ---------------------------------------------------------------------------- the sweep
 
 
+def check_model(lm: Any, config: PDEConfig, text: str | None = None) -> None:
+    """ExperimentError unless ``lm`` can run ``config``: a tokenizer, the scope inside the model, a long enough text.
+
+    text: None for the shipped text.
+    """
+    if getattr(lm, "tokenizer", None) is None:
+        raise ExperimentError("the pde probe needs a ContinuousLM with a tokenizer (contllm.load(...))")
+    n_layers = len(attention_modules(lm))
+    heads, _ = head_counts(lm)
+    if config.layer is not None and not -n_layers <= config.layer < n_layers:
+        raise ExperimentError(f"layer {config.layer} is outside the model; it has {n_layers} layers (0 to {n_layers - 1}, or negative from the end)")
+    if config.head is not None and not -heads <= config.head < heads:
+        raise ExperimentError(f"head {config.head} is outside the model; it has {heads} heads per layer (0 to {heads - 1}, or negative from the end)")
+    tokens = len(lm.signal(shipped_text() if text is None else text))
+    if tokens < MIN_TEXT_TOKENS:
+        raise ExperimentError(f"the text has {tokens} tokens; the distance profile needs at least {MIN_TEXT_TOKENS}")
+
+
 def prepare_inputs(lm: Any, prompts: Sequence[Prompt], text: str | None = None) -> Inputs:
     """Signals of the text and the prompts, and the stock model's logits on them."""
     if getattr(lm, "tokenizer", None) is None:
         raise ExperimentError("the pde probe needs a ContinuousLM with a tokenizer (contllm.load(...))")
     text_signal = lm.signal(shipped_text() if text is None else text)
-    if len(text_signal) < 8:
-        raise ExperimentError(f"the text has {len(text_signal)} tokens; the distance profile needs at least 8")
+    if len(text_signal) < MIN_TEXT_TOKENS:
+        raise ExperimentError(f"the text has {len(text_signal)} tokens; the distance profile needs at least {MIN_TEXT_TOKENS}")
     prompt_signals = [lm.signal(p.text) for p in prompts]
     # The reference is the eager model (what the patch runs at T = 0), whatever the model was loaded with.
     with pde_attention(lm, Dynamics("diffusion", 0.0)):
         text_logits = lm.logits(text_signal, positions="all")
         prompt_logits = lm.logits(prompt_signals, positions="last")
     return Inputs(text_signal, text_signal.token_ids.clone(), prompt_signals, text_logits, prompt_logits)
+
+
+def measure_points(
+    lm: Any, config: PDEConfig, todo: Sequence[Point], prompts: Sequence[Prompt], text: str | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(point id, JSON-able record) for each point of ``todo``, in order.
+
+    The stock model's logits on the text and prompts, the reference of every point, are
+    computed first (nothing is computed when ``todo`` is empty).
+    """
+    if not todo:
+        return
+    if not prompts:
+        raise ExperimentError("no prompts given")
+    n_layers = len(attention_modules(lm))
+    inputs = prepare_inputs(lm, prompts, text)
+    for point in todo:
+        record, _, _ = measure_step(lm, config, inputs, "attention" if point.variant == "stock" else point.variant, point.T, n_layers)
+        record["variant"] = point.variant
+        yield point.id, jsonable(record)
+
+
+def build_result(model: str, config: PDEConfig, records: Sequence[dict[str, Any]], prompt_ids: Sequence[str]) -> PDEResult:
+    """A :class:`PDEResult` from records in point order (layers and text tokens read from them)."""
+    first = records[0] if records else None
+    return PDEResult(
+        model=str(model),
+        config=config.to_dict(),
+        n_layers=len(first["attention"]["layers"]["entropy"]) if first else 0,
+        text_tokens=int(first["text"]["tokens"]) if first else 0,
+        prompts=list(prompt_ids),
+        records=list(records),
+    )
 
 
 def run_pde(
@@ -253,170 +363,130 @@ def run_pde(
     progress: Callable[[int, int], None] | None = None,
     model_name: str | None = None,
 ) -> PDEResult:
-    """The whole sweep on a :class:`~contllm.lm.ContinuousLM`; returns a :class:`PDEResult`.
+    """The whole sweep on a :class:`~contllm.lm.ContinuousLM`; returns a :class:`PDEResult`. Writes nothing.
 
-    prompts: None for the shipped prompts; text: None for the shipped text. skip: records
-    already done, by :func:`step_id` (reused). on_step: called with (step id, record) for
-    each new record (to save it).
+    prompts: None for the config's selection of the shipped prompts; text: None for the
+    shipped text. skip: records already done, by :func:`step_id` (reused). on_step: called
+    with (step id, record) for each new record. progress: called with (done, total) points.
     """
     config = config or PDEConfig()
-    prompts = list(shipped_prompts() if prompts is None else prompts)
+    prompts = list(select_prompts(config.prompts) if prompts is None else prompts)
     if not prompts:
         raise ExperimentError("no prompts given")
-    n_layers = len(attention_modules(lm))
-    if config.layer is not None and not -n_layers <= config.layer < n_layers:
-        raise ExperimentError(f"layer {config.layer} is outside the model; it has {n_layers} layers")
-    heads = int(lm.model.config.num_attention_heads)
-    if config.head is not None and not -heads <= config.head < heads:
-        raise ExperimentError(f"head {config.head} is outside the model; it has {heads} heads per layer")
+    check_model(lm, config, text)
     skip = skip or {}
-    inputs = prepare_inputs(lm, prompts, text)
-    plan = [("stock", 0.0)] + [(v, T) for v in config.variants for T in config.times if T > 0]
+    plan = points(config)
+    new = measure_points(lm, config, [p for p in plan if p.id not in skip], prompts, text)
     records: list[dict[str, Any]] = []
-    for k, (variant, T) in enumerate(plan):
+    for k, point in enumerate(plan):
         if progress is not None:
             progress(k, len(plan))
-        key = step_id(variant, T)
-        record = skip.get(key)
+        record = skip.get(point.id)
         if record is None:
-            record, _, _ = measure_step(lm, config, inputs, "attention" if variant == "stock" else variant, T, n_layers)
-            record["variant"] = variant
-            record = jsonable(record)
+            _, record = next(new)
             if on_step is not None:
-                on_step(key, record)
+                on_step(point.id, record)
         records.append(record)
     if progress is not None:
         progress(len(plan), len(plan))
     name = model_name or getattr(getattr(lm, "info", None), "name", None) or "model"
-    return PDEResult(
-        model=str(name),
-        config=config.to_dict(),
-        n_layers=n_layers,
-        text_tokens=len(inputs.text_signal),
-        prompts=[p.id for p in prompts],
-        records=records,
+    return build_result(name, config, records, [p.id for p in prompts])
+
+
+def describe(point_id: str, record: dict[str, Any]) -> str:
+    """One line of news about a finished point: perplexity, KL, the preferred fit, seconds."""
+
+    def number(value: float | None, spec: str) -> str:  # null is how a non-finite number is stored
+        return "nan" if value is None else format(value, spec)
+
+    fits = record["attention"]["fits"]
+    return (
+        f"  {point_id}: ppl {number(record['text']['perplexity'], '.2f')}, KL {number(record['text']['kl'], '.3g')}, "
+        f"prefers {fits['preferred']} (ΔAIC {number(fits['delta_aic'], '.1f')}), {number(record.get('seconds'), '.1f')} s"
     )
 
 
-def step_id(variant: str, T: float) -> str:
-    """The name of one (variant, T) record ("attention-T4", "stock-T0")."""
-    return f"{variant}-T{T:g}"
+# ---------------------------------------------------------------------------- the declaration
 
 
-# ---------------------------------------------------------------------------- the command
+class PDEExperiment(Experiment):
+    """``contllm run pde``: the sweep of pseudo-time T, one item per (variant, T) point."""
+
+    name = "pde"
+    help = "Attention rows (or hidden states) evolved over a pseudo-time T: outputs and the attention distance profile."
+    description = (
+        "Each attention row of the unmodified model evolves over a pseudo-time T (diffusion, wave or "
+        "reaction along the keys it may see), beside a temperature control matched on row entropy and a "
+        "causal smoothing of the hidden states. Per point: perplexity, KL and top-1 against the stock "
+        "model on a shipped passage and prompts, and the attention distance profile m(d) with exponential "
+        "and power-law fits. Items are the points, 'stock-T0' then '<variant>-T<T>' (e.g. 'attention-T4'); "
+        "--prompts selects the prompts."
+    )
+    Config = PDEConfig
+    options = OPTIONS
+    engine = False
+    unit = "point"
+    x_label = "pseudo-time T"
+
+    def items(self, config: PDEConfig) -> list[Point]:
+        return points(self.check_config(config))
+
+    def check(self, lm: Any, config: PDEConfig) -> None:
+        check_model(lm, self.check_config(config))
+
+    def run(self, lm: Any, config: PDEConfig, items: Sequence[Point], context: Context) -> Iterator[tuple[str, dict[str, Any]]]:
+        config = self.check_config(config)
+        for point_id, record in measure_points(lm, config, items, select_prompts(config.prompts)):
+            context.say(describe(point_id, record))
+            yield point_id, record
+
+    def encode(self, record: dict[str, Any]) -> dict[str, Any]:
+        return jsonable(record)
+
+    def decode(self, data: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return check_record(data)
+        except ValueError as exc:
+            raise ExperimentError(f"malformed pde record: {exc}") from None
+
+    def result(self, model: str, config: PDEConfig, records: Sequence[dict[str, Any]]) -> PDEResult:
+        config = self.check_config(config)
+        return build_result(model, config, records, [p.id for p in select_prompts(config.prompts)])
+
+    def load_result(self, data: dict[str, Any]) -> PDEResult:
+        return PDEResult.from_dict(data)
+
+    def tables(self, result: PDEResult) -> dict[str, Table]:
+        return {"results": (CSV_COLUMNS, result.rows()), "profiles": (PROFILE_COLUMNS, result.profile_rows())}
+
+    def summary(self, result: PDEResult) -> dict[str, Any]:
+        return result.summary()
+
+    def figures(self, result: PDEResult, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
+        return draw_figures(result)
+
+    def comparison(self, results: Sequence[tuple[str, PDEResult]]) -> Any:
+        return comparison_figure(results) if results else None
 
 
-def config_from_options(
-    *, times: str | None = None, dynamics: str | None = None, variants: str | None = None,
-    layer: int | str | None = None, head: int | str | None = None, spacing: str | None = None,
-    rho: float | None = None, c: float | None = None, long_range: int | None = None,
-) -> PDEConfig:
-    """A :class:`PDEConfig` from command-line values (None: the default)."""
-    kwargs: dict[str, Any] = {}
-    if times is not None:
-        kwargs["times"] = parse_floats(times, "--times")
-    for name, value in (("dynamics", dynamics), ("variants", variants), ("spacing", spacing)):
-        if value is not None:
-            kwargs[name] = value
-    for name, value in (("layer", layer), ("head", head), ("long_range", long_range)):
-        if value is not None:
-            try:
-                kwargs[name] = int(value)
-            except (TypeError, ValueError):
-                raise ExperimentError(f"--{name.replace('_', '-')} must be an integer, got {value!r}") from None
-    for name, value in (("rho", rho), ("c", c)):
-        if value is not None:
-            kwargs[name] = float(value)
-    return PDEConfig(**kwargs)
-
-
-def run_pde_command(
-    *,
-    model: str = "smollm2-135m",
-    device: str = "auto",
-    dtype: str | None = None,
-    items: str | None = None,
-    out: str | Path | None = None,
-    resume: bool = False,
-    force: bool = False,
-    seed: int = 0,
-    config: PDEConfig | None = None,
-    unused: Mapping[str, Any] | None = None,
-    echo: Callable[[str], None] | None = None,
-    lm: Any = None,
-) -> Path:
-    """``contllm run pde``: the sweep on the shipped text and prompts, into a run directory.
-
-    Writes config.json, manifest.json, items/<variant>-T<T>.json (one record per finished
-    point, what --resume skips), results.json, results.csv, profiles.csv, summary.json
-    and figures/ (PNG and PDF). items: the first N prompts or their ids. unused: other
-    ``run`` options, which must all be None. lm: an already loaded model (then ``model``
-    only names it). Bad options raise ExperimentError before anything is written.
-    """
-    from contllm.runs import RunDir, atomic_write_json, base_manifest, default_out, load_for_run, now, refuse_unused
-
-    say = echo or (lambda message: None)
-    refuse_unused(unused, "pde")
-    config = config or PDEConfig()
-    prompts = select_prompts(items, shipped_prompts())
-    resolved = {"experiment": "pde", "model": model, "dtype": dtype, "items": items, "seed": seed, "options": config.to_dict()}
-    if out is None:
-        out = default_out("pde", model)
-    run = RunDir(out, resolved, resume=resume, force=force)
-    torch.manual_seed(seed)
-    if lm is None:
-        lm = load_for_run(model, device=device, dtype=dtype, say=say)
-    n_layers = len(attention_modules(lm))
-    heads = int(lm.model.config.num_attention_heads)
-    if config.layer is not None and not -n_layers <= config.layer < n_layers:
-        raise ExperimentError(f"--layer {config.layer} is outside the model; it has {n_layers} layers")
-    if config.head is not None and not -heads <= config.head < heads:
-        raise ExperimentError(f"--head {config.head} is outside the model; it has {heads} heads per layer")
-    run.open()
-    say(f"{'resuming' if run.resumed else 'writing'} pde on {model} -> {run.path}")
-    run.write_manifest({**base_manifest(lm, model), "status": "running"})
-    done: dict[str, dict[str, Any]] = {}
-    if run.resumed:
-        for path in sorted((run.path / "items").glob("*.json")):
-            try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-                done[step_id(str(record["variant"]), float(record["T"]))] = record
-            except (OSError, ValueError, KeyError, TypeError):  # an unreadable record is recomputed
-                continue
-        if done:
-            say(f"{len(done)} points already finished; skipping them")
-    started = time.perf_counter()
-
-    def save(key: str, record: dict[str, Any]) -> None:
-        atomic_write_json(run.item_path(key), record)
-        fits = record["attention"]["fits"]
-        say(
-            f"  {key}: ppl {record['text']['perplexity']:.2f}, KL {record['text']['kl']:.3g}, "
-            f"prefers {fits['preferred']} (ΔAIC {fits['delta_aic'] if fits['delta_aic'] is None else round(fits['delta_aic'], 1)}), "
-            f"{record['seconds']:.1f} s"
-        )
-
-    result = run_pde(lm, config, prompts=prompts, skip=done, on_step=save, model_name=model)
-    result.save(run.path)
-    summary = result.summary()
-    atomic_write_json(run.path / "summary.json", jsonable(summary))
-    result.save_figures(run.path / "figures")
-    run.write_manifest({"status": "finished", "finished": now(), "items": len(result.records),
-                        "seconds": round(time.perf_counter() - started, 2)})
-    say(f"  {summary['verdict']}")
-    return run.path
+EXPERIMENT = PDEExperiment()
 
 
 __all__ = [
     "DEFAULT_TIMES",
-
+    "EXPERIMENT",
+    "OPTIONS",
     "VARIANTS",
     "PDEConfig",
+    "PDEExperiment",
+    "Point",
     "Prompt",
-    "config_from_options",
+    "build_result",
+    "check_model",
+    "measure_points",
     "measure_step",
+    "points",
     "run_pde",
-    "run_pde_command",
     "select_prompts",
     "shipped_prompts",
     "shipped_text",

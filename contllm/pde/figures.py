@@ -1,13 +1,24 @@
-"""Figures of the attention-dynamics probe (each takes a :class:`~contllm.pde.result.PDEResult`)."""
+"""Figures of the attention-dynamics probe: each reads a :class:`~contllm.pde.result.PDEResult` and returns a figure.
+
+Nothing here saves a file (the runner does, from :func:`figures`); matplotlib is imported
+on the first figure, through :mod:`contllm.plotting`, which picks a headless backend.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from contllm.errors import ExperimentError
+from contllm.files import as_array
 from contllm.pde.measure import Fit
-from contllm.pde.result import PDEResult, as_array
+from contllm.pde.result import PDEResult
+
+#: The figures of a run, in the order they are drawn (figures/<name>.png and .pdf); "summary"
+#: is :func:`outputs_figure`, the headline (what ``contllm.experiments.figure`` shows).
+FIGURES = ("summary", "profiles", "fits", "attention")
 
 STYLES = {
     "attention": {"color": "C0", "marker": "o"},
@@ -100,7 +111,9 @@ def profiles_figure(result: PDEResult) -> Any:
     """m(d) on log-log axes, one panel per T, with both fits of the main variant."""
     plt = _pyplot()
     main = result.variants()[0] if result.variants() else "stock"
-    sweep = result.sweep(main) if main != "stock" else [result.stock]
+    sweep = result.sweep(main) if main != "stock" else result.records[:1]
+    if not sweep:
+        raise ExperimentError("a pde result without records has no distance profile to draw")
     cols = min(4, len(sweep))
     rows = int(np.ceil(len(sweep) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False, constrained_layout=True)
@@ -171,4 +184,55 @@ def attention_figure(result: PDEResult) -> Any:
         ax.set_ylabel(label)
     axes[0].legend(fontsize=7)
     fig.suptitle(_title(result, "attention rows against pseudo-time (means over rows and layers)"), fontsize=11)
+    return fig
+
+
+def figure(result: PDEResult, name: str = "summary") -> Any:
+    """One figure of :data:`FIGURES` ("summary": the outputs against T, "profiles", "fits" or "attention")."""
+    draw = {"summary": outputs_figure, "profiles": profiles_figure, "fits": fits_figure, "attention": attention_figure}
+    if name not in draw:
+        raise ExperimentError(f"unknown pde figure {name!r}; the figures are {', '.join(FIGURES)}")
+    return draw[name](result)
+
+
+def figures(result: PDEResult) -> Iterator[tuple[str, Any]]:
+    """(name, figure) for each of :data:`FIGURES` (none for a result without records)."""
+    if not result.records:
+        return
+    for name in FIGURES:
+        yield name, figure(result, name)
+
+
+def comparison_figure(results: Sequence[tuple[str, PDEResult]]) -> Any:
+    """Labelled results side by side: KL to the stock model, perplexity, attention entropy and ΔAIC against T.
+
+    Each result contributes its attention sweep (or its first variant's).
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.4), constrained_layout=True)
+    panels = (
+        ("kl_text", "KL(p_T || p_0) on the text (nats)"),
+        ("perplexity", "perplexity of the text"),
+        ("attention_entropy", "mean row entropy (nats)"),
+        ("delta_aic", "AIC_power - AIC_exp (< 0: power law preferred)"),
+    )
+    times: list[float] = []
+    for k, (label, result) in enumerate(results):
+        variants = result.variants()
+        if not variants:
+            continue
+        variant = "attention" if "attention" in variants else variants[0]
+        rows = result.table(variant)
+        T = [r["T"] for r in rows]
+        times += T
+        for ax, (key, _) in zip(axes, panels):
+            ax.plot(T, as_array([r[key] for r in rows]), "-o", color=f"C{k % 10}", ms=3, label=f"{label} ({variant})")
+    for ax, (_, ylabel) in zip(axes, panels):
+        _time_axis(ax, times)
+        ax.set_ylabel(ylabel)
+    axes[0].set_yscale("symlog", linthresh=1e-3)
+    axes[1].set_yscale("log")
+    axes[3].axhline(0, color="k", lw=0.8)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("pde · runs compared against pseudo-time", fontsize=11)
     return fig

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import lru_cache
 from typing import Any
 
 import torch
 from torch import nn
 
-from contllm.depth import decoder_layers
-from contllm.attention import model_of
+from contllm.families import decoder_layers, model_of
+from contllm.hooks import first_output, output_hook, replace_first_output
 from contllm.pde.dynamics import STEP, DynamicsError
 
 
@@ -58,18 +58,6 @@ def smoothing_matrix(length: int, T: float) -> torch.Tensor:
     return matrix
 
 
-def _output(output: Any) -> torch.Tensor:
-    return output[0] if isinstance(output, (tuple, list)) else output
-
-
-def _with_output(output: Any, h: torch.Tensor) -> Any:
-    if isinstance(output, tuple):
-        return (h, *output[1:])
-    if isinstance(output, list):
-        return [h, *output[1:]]
-    return h
-
-
 def _valid(mask: Any, batch: int, queries: int) -> torch.Tensor:
     """[batch, queries] bool: whether each new token sees itself (False for padding)."""
     if isinstance(mask, dict) or mask is None or not isinstance(mask, torch.Tensor) or mask.ndim != 4:
@@ -90,7 +78,7 @@ class _LayerSmoother:
         self.valid: torch.Tensor | None = None  # [batch, tokens]
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        h = _output(output)
+        h = first_output(output)
         batch, queries, _ = h.shape
         valid = _valid(kwargs.get("attention_mask"), batch, queries)
         cache = kwargs.get("past_key_values")
@@ -118,7 +106,7 @@ class _LayerSmoother:
             rows = matrix[new]
             mixed = (rows.to(torch.float64) @ history[b, keep.to(h.device)].to(torch.float64)).to(h.dtype)
             smoothed[b, keep[new].to(h.device) - (history.shape[1] - queries)] = mixed
-        return _with_output(output, smoothed)
+        return replace_first_output(output, smoothed)
 
 
 @contextmanager
@@ -136,12 +124,8 @@ def causal_smoothing(model: Any, T: float, *, layer: int | None = None) -> Itera
     if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer < n):
         raise DynamicsError(f"layer {layer!r} is outside the model; it has {n} layers (0 to {n - 1}, or negative from the end)")
     picks = range(n) if layer is None else [layer % n]
-    handles = []
-    try:
+    with ExitStack() as hooks:
         if T > 0:
             for i in picks:
-                handles.append(layers[i].register_forward_hook(_LayerSmoother(float(T), i), with_kwargs=True))
+                hooks.enter_context(output_hook(layers[i], _LayerSmoother(float(T), i)))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()

@@ -1,53 +1,28 @@
-"""The result of the attention-dynamics probe: records per (variant, T), saved and summarised.
+"""The result of the attention-dynamics probe: records per (variant, T), as data.
 
 Each record holds the text measures (perplexity, mean KL to the stock model, top-1
 agreement, entropy), the per-prompt measures and the attention statistics (the pooled
 distance profile m(d), its exponential and power-law fits, per-layer means and fits).
-:class:`PDEResult` writes results.json, results.csv (tidy rows) and profiles.csv, gives a
-summary with a verdict on the shape of the profile, and draws the figures.
+:class:`PDEResult` gives tidy rows (results.csv), the profile rows (profiles.csv), a
+headline table per variant and a summary with a verdict on the shape of the profile.
+Nothing here writes a file or draws: :mod:`contllm.runner` writes what
+:meth:`PDEResult.to_dict` and the tables give, :mod:`contllm.pde.figures` draws.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from contllm.errors import ExperimentError
+from contllm.files import as_array, jsonable, read_json
 
-FIGURES = ("outputs", "profiles", "fits", "attention")
+#: Columns of results.csv (tidy rows, see :meth:`PDEResult.rows`) and of profiles.csv.
 CSV_COLUMNS = ("variant", "T", "group", "quantity", "key", "value")
-
-
-def jsonable(value: Any) -> Any:
-    """Numbers, arrays and tensors as JSON values (non-finite numbers as null)."""
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    if isinstance(value, np.ndarray):
-        return jsonable(value.tolist())
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (np.floating, float)):
-        v = float(value)
-        return v if math.isfinite(v) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
-
-
-def as_array(values: Any) -> np.ndarray:
-    """A float array from JSON lists (null reads as NaN)."""
-    return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+PROFILE_COLUMNS = ("variant", "T", "d", "m", "count")
 
 
 def _mean(values: Any) -> float:
@@ -57,7 +32,14 @@ def _mean(values: Any) -> float:
 
 @dataclass
 class PDEResult:
-    """Every (variant, T) record of one model; ``records[0]`` is the stock model (T = 0)."""
+    """Every (variant, T) record of one model, in item order (the stock model, T = 0, first when run).
+
+    config: the probe's options as data (:meth:`PDEConfig.to_dict`). n_layers: decoder
+    layers of the model. text_tokens: tokens of the measured text. prompts: ids of the
+    prompts whose measures each record lists, in that order.
+    """
+
+    experiment: ClassVar[str] = "pde"
 
     model: str
     config: dict[str, Any]
@@ -68,17 +50,19 @@ class PDEResult:
 
     # ------------------------------------------------------------------ access
     @property
-    def stock(self) -> dict[str, Any]:
-        return self.records[0]
+    def stock(self) -> dict[str, Any] | None:
+        """The stock model's record (T = 0), or None in a run that selected points without it."""
+        return next((r for r in self.records if r["variant"] == "stock"), None)
 
     def variants(self) -> list[str]:
         return list(dict.fromkeys(r["variant"] for r in self.records if r["variant"] != "stock"))
 
     def sweep(self, variant: str) -> list[dict[str, Any]]:
-        """The records of one variant in order of T, starting from the stock model at T = 0."""
+        """The records of one variant in order of T, starting from the stock model at T = 0 when present."""
         if variant not in self.variants():
             raise ExperimentError(f"no variant {variant!r} in this result; its variants are {', '.join(self.variants())}")
-        return [self.stock] + sorted((r for r in self.records if r["variant"] == variant), key=lambda r: r["T"])
+        head = [] if self.stock is None else [self.stock]
+        return head + sorted((r for r in self.records if r["variant"] == variant), key=lambda r: r["T"])
 
     def table(self, variant: str) -> list[dict[str, Any]]:
         """One row of headline numbers per T (see :meth:`summary`)."""
@@ -123,28 +107,29 @@ class PDEResult:
         kind = self.config.get("dynamics", "diffusion") if variant == "attention" else variant
         return (
             f"{kind}: the profile moves {trend} power-law decay (ΔAIC = AIC_power - AIC_exp "
-            f"{first['delta_aic']:.1f} at T=0 -> {last['delta_aic']:.1f} at T={last['T']:g}; most power-like at "
-            f"T={best['T']:g}, ΔAIC {best['delta_aic']:.1f}); AIC prefers {first['preferred']} at T=0 and "
+            f"{first['delta_aic']:.1f} at T={first['T']:g} -> {last['delta_aic']:.1f} at T={last['T']:g}; most power-like at "
+            f"T={best['T']:g}, ΔAIC {best['delta_aic']:.1f}); AIC prefers {first['preferred']} at T={first['T']:g} and "
             f"{last['preferred']} at T={last['T']:g}"
         )
 
     def summary(self) -> dict[str, Any]:
         """Headline numbers per variant and T, and the verdict of each attention variant."""
+        variants = self.variants()
         out: dict[str, Any] = {
             "model": self.model,
             "text_tokens": self.text_tokens,
             "prompts": len(self.prompts),
             "dynamics": self.config.get("dynamics"),
-            "verdict": self.verdict("attention") if "attention" in self.variants() else self.verdict(self.variants()[0]),
-            "verdicts": {v: self.verdict(v) for v in self.variants()},
+            "verdict": self.verdict("attention" if "attention" in variants or not variants else variants[0]),
+            "verdicts": {v: self.verdict(v) for v in variants},
         }
-        for variant in self.variants():
+        for variant in variants:
             out[variant] = self.table(variant)
         return out
 
-    # ------------------------------------------------------------------ saving
+    # ------------------------------------------------------------------ tables
     def rows(self) -> list[dict[str, Any]]:
-        """Tidy rows: text and prompt measures, attention means per layer, fit parameters."""
+        """Tidy rows (:data:`CSV_COLUMNS`): text and prompt measures, attention means per layer, fit parameters."""
         out: list[dict[str, Any]] = []
 
         def add(r: dict[str, Any], group: str, quantity: str, key: Any, value: Any) -> None:
@@ -167,6 +152,7 @@ class PDEResult:
         return out
 
     def profile_rows(self) -> list[dict[str, Any]]:
+        """m(d) and its count per record and distance d (:data:`PROFILE_COLUMNS`), where a query had a key at d."""
         out = []
         for r in self.records:
             for d, (m, c) in enumerate(zip(r["attention"]["profile"], r["attention"]["counts"])):
@@ -174,6 +160,7 @@ class PDEResult:
                     out.append({"variant": r["variant"], "T": r["T"], "d": d, "m": "" if m is None else m, "count": c})
         return out
 
+    # ------------------------------------------------------------------ data
     def to_dict(self) -> dict[str, Any]:
         return jsonable({
             "experiment": "pde",
@@ -187,58 +174,46 @@ class PDEResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PDEResult:
+        """The result from :meth:`to_dict`'s data; ExperimentError when it is not one."""
         try:
+            if data.get("experiment", "pde") != "pde":
+                raise ValueError(f"it is a result of the {data['experiment']!r} experiment")
             return cls(
                 model=str(data["model"]), config=dict(data["config"]), n_layers=int(data["n_layers"]),
                 text_tokens=int(data["text_tokens"]), prompts=[str(p) for p in data["prompts"]],
-                records=list(data["records"]),
+                records=[check_record(r) for r in data["records"]],
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ExperimentError(f"malformed pde result: {exc}") from None
 
     @classmethod
     def load(cls, directory: str | Path) -> PDEResult:
         """Read results.json from a run directory (or the file itself)."""
         path = Path(directory)
-        path = path / "results.json" if path.is_dir() else path
-        try:
-            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ExperimentError(f"cannot read {path}: {exc}") from None
-
-    def save(self, directory: str | Path) -> list[Path]:
-        """results.json, results.csv and profiles.csv under ``directory``."""
-        from contllm.runs import atomic_write_json, atomic_write_text
-
-        directory = Path(directory)
-        return [
-            atomic_write_json(directory / "results.json", self.to_dict()),
-            atomic_write_text(directory / "results.csv", _csv(self.rows(), CSV_COLUMNS)),
-            atomic_write_text(directory / "profiles.csv", _csv(self.profile_rows(), ("variant", "T", "d", "m", "count"))),
-        ]
-
-    # ------------------------------------------------------------------ figures
-    def plot(self, name: str = "outputs") -> Any:
-        """One figure: "outputs", "profiles", "fits" or "attention" (see :mod:`contllm.pde.figures`)."""
-        from contllm.pde import figures
-
-        if name not in FIGURES:
-            raise ExperimentError(f"unknown pde figure {name!r}; the figures are {', '.join(FIGURES)}")
-        return getattr(figures, f"{name}_figure")(self)
-
-    def save_figures(self, directory: str | Path) -> list[Path]:
-        """Every figure as PNG and PDF under ``directory``."""
-        from contllm.plotting import save_figure
-
-        paths: list[Path] = []
-        for name in FIGURES:
-            paths += save_figure(self.plot(name), Path(directory) / name)
-        return paths
+        return cls.from_dict(read_json(path / "results.json" if path.is_dir() else path))
 
 
-def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
+#: What every record holds, by section (what :func:`check_record` asks of a saved one).
+RECORD_KEYS = {
+    "text": ("tokens", "perplexity", "kl", "top1", "entropy"),
+    "prompts": ("kl", "top1", "entropy"),
+    "attention": ("profile", "counts", "fit_range", "fits", "layers", "layer_fits"),
+}
+
+
+def check_record(record: Any) -> dict[str, Any]:
+    """``record`` itself when it has every part of a (variant, T) record; ValueError naming what is missing."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a record must be a JSON object, got {type(record).__name__}")
+    missing = [k for k in ("variant", "T", *RECORD_KEYS) if k not in record]
+    missing += [f"{section}.{k}" for section, keys in RECORD_KEYS.items()
+                if isinstance(record.get(section), dict) for k in keys if k not in record[section]]
+    missing += [s for s in RECORD_KEYS if s in record and not isinstance(record[s], dict)]
+    if missing:
+        raise ValueError(f"a pde record lacks {', '.join(missing)}")
+    if not isinstance(record["variant"], str) or isinstance(record["T"], bool) or not isinstance(record["T"], (int, float)):
+        raise ValueError(f"a pde record needs a variant name and a number T, got {record['variant']!r}, {record['T']!r}")
+    return record
+
+
+__all__ = ["CSV_COLUMNS", "PROFILE_COLUMNS", "RECORD_KEYS", "PDEResult", "check_record"]

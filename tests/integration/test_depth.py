@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from contllm import ContinuousLM
+from contllm import ContinuousLM, runner
 from contllm.depth import (
     PROMPTS,
     DepthConfig,
@@ -17,7 +17,6 @@ from contllm.depth import (
     half_steps,
     jvp,
     propagate,
-    run_depth_command,
     scaled_updates,
 )
 
@@ -27,7 +26,7 @@ pytestmark = [
 ]
 
 #: A run small enough for the test tier: one prompt, two probe layers, one eps, three alphas.
-SMALL = DepthConfig(layers=(0, -1), eps=(1e-2,), alphas=(0.0, 0.5, 2.0), samples=2, iters=3, sigma_iters=2)
+SMALL = DepthConfig(layer=(0, -1), eps=(1e-2,), alphas=(0.0, 0.5, 2.0), samples=2, iters=3, sigma_iters=2)
 
 
 def test_alpha_one_and_removed_hooks_are_bitwise_stock(smollm: ContinuousLM) -> None:
@@ -75,7 +74,7 @@ def test_perturbations_never_reach_earlier_positions(real_lm: ContinuousLM) -> N
 def test_small_depth_run_writes_its_run_directory(real_lm: ContinuousLM, tmp_path: Path) -> None:
     name = "smollm2-135m" if real_lm.family.name == "llama" else "gemma3-270m"
     out = tmp_path / name
-    path = run_depth_command(model=name, out=out, lm=real_lm, config=SMALL, items="physics")
+    path = runner.run("depth", config=SMALL, model=name, lm=real_lm, items="physics", out=out)
     assert path == out
     for file in ("config.json", "manifest.json", "results.json", "results.csv", "layers.csv", "summary.json", "items/physics.json"):
         assert (out / file).is_file(), file

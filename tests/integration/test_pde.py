@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import json
 import os
 import subprocess
@@ -19,8 +21,9 @@ from contllm.pde import (
     PDEResult,
     causal_smoothing,
     pde_attention,
-    run_pde_command,
 )
+from contllm.pde.figures import FIGURES
+from contllm.runner import run
 
 pytestmark = [
     pytest.mark.integration,
@@ -29,7 +32,7 @@ pytestmark = [
 
 PROMPT = "The old lighthouse keeper climbed the narrow stairs every evening and lit the"
 #: A run small enough for the test tier: one pseudo-time besides 0, two prompts.
-SMALL = PDEConfig(times=(0.0, 4.0))
+SMALL = PDEConfig(times=(0.0, 4.0), prompts="2")
 
 
 def eager_logits(lm: ContinuousLM, ids: torch.Tensor) -> torch.Tensor:
@@ -56,6 +59,10 @@ def test_t0_is_bitwise_the_stock_eager_model(real_lm: ContinuousLM) -> None:
 
 @pytest.mark.parametrize("dynamics", [Dynamics("diffusion", 4.0), Dynamics("matched", 4.0)], ids=lambda d: d.kind)
 def test_causality_and_cached_decoding_on_a_real_model(real_lm: ContinuousLM, dynamics: Dynamics) -> None:
+    # In float64: a prefill and one-token steps multiply matrices of other shapes, whose float32
+    # sums round differently by CPU (1.65e-4 in a logit on one AVX-512 CPU); a broken cache or a
+    # leak from later keys moves logits by far more than the tolerance in any precision.
+    real_lm = ContinuousLM(copy.deepcopy(real_lm.model).to(torch.float64), real_lm.tokenizer)
     signal = real_lm.signal(PROMPT)
     ids = signal.token_ids
     p = len(ids) - 4
@@ -98,15 +105,16 @@ def test_continuous_durations_and_hidden_smoothing_on_a_real_model(smollm: Conti
 def test_a_small_run_writes_its_directory_and_figures(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     lm = request.getfixturevalue(name)
     out = tmp_path / "run"
-    path = run_pde_command(model=name, out=out, items="2", config=SMALL, lm=lm)
+    path = run("pde", model=name, out=out, config=SMALL, lm=lm)
     assert path == out
     for file in ("config.json", "manifest.json", "results.json", "results.csv", "profiles.csv", "summary.json"):
         assert (out / file).is_file(), file
-    for figure in ("outputs", "profiles", "fits", "attention"):
+    for figure in FIGURES:
         for ext in ("png", "pdf"):
             assert (out / "figures" / f"{figure}.{ext}").stat().st_size > 1000, figure
     assert len(list((out / "items").glob("*.json"))) == 1 + (len(SMALL.times) - 1) * len(SMALL.variants)
     result = PDEResult.load(out)
+    assert result.prompts == ["capital", "days"]
     stock = result.stock
     assert stock["T"] == 0 and stock["text"]["kl"] == 0 and stock["text"]["top1"] == 1
     assert 1 < stock["text"]["perplexity"] < 200
@@ -121,7 +129,7 @@ def test_a_small_run_writes_its_directory_and_figures(name: str, request: pytest
         assert row["r2_exponential"] is not None and row["r2_power"] is not None
     # --resume skips every finished point: no record is written again.
     stamps = {p.name: p.stat().st_mtime_ns for p in (out / "items").glob("*.json")}
-    run_pde_command(model=name, out=out, items="2", config=SMALL, lm=lm, resume=True)
+    run("pde", model=name, out=out, config=SMALL, lm=lm, resume=True)
     assert {p.name: p.stat().st_mtime_ns for p in (out / "items").glob("*.json")} == stamps
     assert PDEResult.load(out).records == result.records
 
@@ -131,7 +139,7 @@ def test_default_run_through_the_command_line(tmp_path: Path) -> None:
     """`contllm run pde --out DIR` with every default, as a user runs it (its wall time is in the README)."""
     out = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "contllm.cli", "run", "pde", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "contllm", "run", "pde", "--out", str(out)],
                           capture_output=True, text=True, timeout=1500, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(out)
@@ -139,5 +147,5 @@ def test_default_run_through_the_command_line(tmp_path: Path) -> None:
     assert 300 < result.text_tokens < 400
     assert [r["T"] for r in result.table("attention")] == [0.0, 0.1, 0.4, 1.0, 4.0, 16.0, 64.0, 256.0]
     assert len(result.records) == 1 + 7 * 3
-    for figure in ("outputs", "profiles", "fits", "attention"):
+    for figure in FIGURES:
         assert (out / "figures" / f"{figure}.png").is_file()

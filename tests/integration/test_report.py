@@ -11,28 +11,15 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from contllm import ContinuousLM
-from contllm.cli import app, run_one
+from contllm.cli import app
+from contllm.runner import run
 from contllm.report import REPORT_FILES
 
 pytestmark = pytest.mark.integration
 
 
 def tiny_counting_run(lm: ContinuousLM, model: str, out: Path) -> Path:
-    return run_one(
-        "counting",
-        model=model,
-        device="cpu",
-        dtype=None,
-        items="3",
-        out=out,
-        resume=False,
-        force=False,
-        seed=0,
-        max_batch_tokens=None,
-        item_figures=False,
-        config_options={"samples": 4},
-        lm=lm,
-    )
+    return run("counting", options={"samples": 4}, model=model, lm=lm, items="3", out=out, device="cpu", item_figures=False)
 
 
 def test_report_compares_two_models(smollm: ContinuousLM, gemma: ContinuousLM, tmp_path: Path) -> None:

@@ -37,15 +37,25 @@ def one_line_error(result, needle: str) -> None:
         (["run", "counting", "--range", "0,1"], "duration factors must be positive"),
         (["run", "counting", "--range", "-0.5,1"], "duration factors must be positive"),
         (["run", "counting", "--range", "abc"], "range must be 'MIN,MAX'"),
-        (["run", "counting", "--samples", "0"], "samples must be >= 1"),
+        (["run", "counting", "--samples", "0"], "samples must be an integer >= 1"),
         (["run", "boolean", "--operators", "AND,FOO"], "unknown Boolean operator 'FOO'"),
         (["run", "boolean", "--range", "0,2"], "alpha range must lie within 0,1"),
         (["run", "boolean", "--method", "cubic"], "method must be 'linear' or 'slerp'"),
         (["run", "counting", "--template", "no field here"], "the template has no {words} field"),
         (["run", "counting", "--template", "{words} {colour}"], "unknown template field(s) {colour}"),
         (["run", "events", "--event", "-1"], "event must be 0"),
-        (["run", "counting", "--operators", "AND,OR"], "do not apply to the counting experiment"),
-        (["run", "counting", "--batch-size", "0"], "--batch-size must be >= 1"),
+        (["run", "counting", "--operators", "AND,OR"], "option(s) --operators do not apply to the counting experiment"),
+        (["run", "counting", "--max-batch-tokens", "0"], "--max-batch-tokens must be an integer >= 1"),
+        (["run", "counting", "--samples", "ten"], "--samples must be an integer, got 'ten'"),
+        (["run", "counting", "--range", "0.5,0.5"], "range 0.5,0.5 holds one value"),
+        (["run", "counting", "--range", "nan,1"], "--range must be finite"),
+        (["run", "counting", "--range", "0.1,inf"], "--range must be finite"),
+        (["run", "counting", "--samples", "1"], "one sample needs a range with min == max"),
+        (["run", "counting", "--samples", "100000000"], "samples must be at most"),
+        (["run", "events", "--event", "99"], "event 99 does not exist"),
+        (["run", "counting", "--items", "0"], "item count must be positive"),
+        (["run", "counting", "--items", "no-such-item"], "unknown item id 'no-such-item'"),
+        (["run", "depth", "--max-batch-tokens", "100"], "option(s) --max-batch-tokens do not apply to the depth experiment"),
     ],
 )
 def test_bad_options(args: list[str], needle: str, tmp_path: Path) -> None:
@@ -82,6 +92,18 @@ def test_resume_with_other_options_is_refused(tmp_path: Path) -> None:
         ('[[experiment]]\nname = "counting"\nrange = [2.0, 1.0]\n', "range min 2.0 is larger than max 1.0"),
         ('[[experiment]]\nname = "boolean"\n[[experiment]]\nname = "boolean"\n', "label 'boolean' is used twice"),
         ('[[experiment]]\nname = "counting"\nwidth = 3\n', "unknown key(s) width"),
+        ('[[experiment]]\nname = "counting"\nlabel = ".."\n', "label '..' must be a plain directory name"),
+        ('[[experiment]]\nname = "counting"\nlabel = "a/b"\n', "label 'a/b' must be a plain directory name"),
+        ('[[experiment]]\nname = "counting"\nsamples = "ten"\n', "--samples must be an integer, got 'ten'"),
+        ('[[experiment]]\nname = "counting"\nsamples = 3.7\n', "--samples must be an integer, got 3.7"),
+        ('seed = "abc"\n[[experiment]]\nname = "counting"\n', "'seed' must be an integer"),
+        ('out = 42\n[[experiment]]\nname = "counting"\n', "'out' must be a string"),
+        ('item_figures = "no"\n[[experiment]]\nname = "counting"\n', "'item_figures' must be true or false"),
+        ('max_batch_tokens = -5\n[[experiment]]\nname = "counting"\n', "'max_batch_tokens' must be >= 1"),
+        ('[[experiment]]\nname = "counting"\nrange = [0.5, 0.5]\n', "range 0.5,0.5 holds one value"),
+        ('[[experiment]]\nname = "events"\nevent = 99\n', "event 99 does not exist"),
+        ('[[experiment]]\nname = "counting"\nitems = 0\n', "item count must be positive"),
+        ('max_batch_tokens = 100\n[[experiment]]\nname = "depth"\n', "max_batch_tokens does not apply to depth"),
     ],
 )
 def test_malformed_specs(text: str, needle: str, tmp_path: Path) -> None:
@@ -103,11 +125,22 @@ def test_shipped_specs_are_valid() -> None:
 
 
 def test_help_texts_describe_every_option() -> None:
-    result = invoke("run", "--help")
-    assert result.exit_code == 0
-    for option in ("--model", "--device", "--dtype", "--samples", "--range", "--items", "--batch-size",
-                   "--out", "--resume", "--force", "--chat", "--seed"):
-        assert option in result.output
+    from contllm import registry
+
+    listing = invoke("run", "--help")
+    assert listing.exit_code == 0, listing.output
+    for name in registry.names():
+        assert name in listing.output
+        assert registry.get(name).help.split(";")[0][:30] in " ".join(listing.output.split())
+        page = invoke("run", name, "--help")
+        assert page.exit_code == 0, page.output
+        for option in ("--model", "--device", "--dtype", "--items", "--out", "--resume", "--force", "--seed"):
+            assert option in page.output, (name, option)
+        for option in registry.get(name).options:
+            assert option.cli_flag.split("/")[0] in page.output, (name, option.name)
+    counting = invoke("run", "counting", "--help").output
+    for option in ("--samples", "--range", "--chat", "--max-batch-tokens", "--template"):
+        assert option in counting
     assert invoke("models", "--help").exit_code == 0
 
 

@@ -12,15 +12,17 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from contllm import ContinuousLM
+from contllm import ContinuousLM, runner
 from contllm.cli import app
+from contllm.data import select_items
 from contllm.depth import (
+    PROMPTS,
     DepthConfig,
     DepthPrompt,
     DepthResult,
     LayerStack,
-    decoder_layers,
-    final_norm,
+    depth_figure,
+    depth_figures,
     finite_difference,
     fractional_depth,
     half_step_defects,
@@ -33,13 +35,16 @@ from contllm.depth import (
     recording,
     replayed,
     run_depth,
-    run_depth_command,
     sampled_lipschitz,
     scaled_updates,
-    select_prompts,
+    seed_index,
     step_profile,
 )
+from contllm.depth.experiment import EXPERIMENT
 from contllm.errors import ExperimentError, RunDirectoryError
+from contllm.experiments.base import Context
+from contllm.families import decoder_layers, final_norm
+from contllm.files import csv_text
 from tests.unit.tiny import FAMILY_NAMES, backends, prompt, tiny_model
 
 pytestmark = [
@@ -168,7 +173,7 @@ def test_eps_must_be_positive(bad: float) -> None:
     h = torch.ones(1, 3, 4)
     with pytest.raises(ExperimentError, match="eps must be a positive number"):
         sampled_lipschitz(lambda x: -x, h, eps=bad)
-    with pytest.raises(ExperimentError, match="eps must be positive"):
+    with pytest.raises(ExperimentError, match="eps must be (positive|a finite number)"):
         DepthConfig(eps=(1e-2, bad))
 
 
@@ -329,7 +334,7 @@ def test_probes_leave_the_model_stock() -> None:
     stack = real_stack("gemma3")
     ids = prompt(8)
     stock = stock_logits(stack, ids)
-    config = DepthConfig(layers=(0, -1), eps=(1e-2,), alphas=(0.0, 2.0), samples=2, iters=3)
+    config = DepthConfig(layer=(0, -1), eps=(1e-2,), alphas=(0.0, 2.0), samples=2, iters=3)
     run_depth(stack.model, config, prompts=[DepthPrompt("p", token_ids=tuple(ids.tolist()))])
     assert no_hooks_left(stack)
     assert torch.equal(stack.forward(ids), stock)
@@ -344,7 +349,7 @@ def test_alpha_out_of_range(alpha: float) -> None:
     with pytest.raises(ExperimentError, match="alpha must lie in"):
         with scaled_updates(stack, alpha):
             pass
-    with pytest.raises(ExperimentError, match="alpha must lie in"):
+    with pytest.raises(ExperimentError, match="alpha must lie in|alphas must be a finite number"):
         DepthConfig(alphas=(0.0, alpha))
     assert no_hooks_left(stack)
 
@@ -355,59 +360,108 @@ def test_layer_outside_the_model() -> None:
         with scaled_updates(stack, {3: 0.5}):
             pass
     with pytest.raises(ExperimentError, match="layer -4 is outside the model"):
-        DepthConfig(layers=(0, -4)).resolved_layers(3)
+        DepthConfig(layer=(0, -4)).resolved_layers(3)
     with pytest.raises(ExperimentError, match="outside the model"):
         propagate(stack, stack.trace(prompt(5)), layer=7, position=2, eps=0.1)
-    assert DepthConfig(layers=(0, -1, 2)).resolved_layers(3) == [0, 2]
+    assert DepthConfig(layer=(0, -1, 2)).resolved_layers(3) == [0, 2]
     assert DepthConfig().resolved_layers(30) == [0, 7, 15, 22, 29]
 
 
 def test_option_parsing() -> None:
     assert DepthConfig(alphas="0,0.5,2").alphas == (0.0, 0.5, 1.0, 2.0)
-    with pytest.raises(ExperimentError, match="comma-separated numbers"):
+    with pytest.raises(ExperimentError, match="eps must be a number, got 'small'"):
         DepthConfig(eps="small")
-    with pytest.raises(ExperimentError, match="unknown depth prompt"):
-        select_prompts("story,nope")
-    assert [p.id for p in select_prompts("2")] == ["story", "physics"]
+    config = EXPERIMENT.config({"layer": "0,-1", "eps": "1e-2", "alphas": "0,2"})
+    assert config == DepthConfig(layer=(0, -1), eps=(1e-2,), alphas=(0.0, 2.0))
+    assert EXPERIMENT.config() == DepthConfig()
+    assert [o.cli_flag for o in EXPERIMENT.options] == ["--layer", "--eps", "--alphas"]
+    with pytest.raises(ExperimentError, match="--samples do not apply to the depth experiment"):
+        EXPERIMENT.config({"samples": "3"})
+    items = EXPERIMENT.items(config)
+    assert [p.id for p in items] == ["story", "physics", "code"] and list(items) == list(PROMPTS)
+    with pytest.raises(ExperimentError, match="unknown item id 'nope'"):
+        select_items(items, "story,nope")
+    assert [p.id for p in select_items(items, "2")] == ["story", "physics"]
+    data = EXPERIMENT.config_dict(DepthConfig(layer=(0, -1)))
+    assert data["layer"] == [0, -1] and "seed" not in data and json.loads(json.dumps(data)) == data
 
 
 # ---------------------------------------------------------------------------- results and the command
 
-SMALL = DepthConfig(layers=(0, -1), eps=(1e-2, 1e-1), alphas=(0.0, 0.5, 2.0), samples=2, iters=3)
+SMALL = DepthConfig(layer=(0, -1), eps=(1e-2, 1e-1), alphas=(0.0, 0.5, 2.0), samples=2, iters=3)
 TINY_PROMPTS = [DepthPrompt("a", token_ids=tuple(prompt(9).tolist())), DepthPrompt("b", token_ids=tuple(prompt(7, 1).tolist()))]
 
 
-def test_result_saves_reloads_and_draws(tmp_path: Path) -> None:
+def test_result_round_trips_tabulates_and_draws() -> None:
+    import matplotlib.pyplot as plt
+
     result = run_depth(ContinuousLM(tiny_model("qwen2", "sdpa")), SMALL, prompts=TINY_PROMPTS, model_name="tiny")
     assert isinstance(result, DepthResult) and [r.id for r in result.records] == ["a", "b"]
     summary = result.summary()
     assert summary["n_layers"] == 3 and all(p["earlier_max_abs"] == 0.0 for p in summary["propagation"])
-    paths = result.save(tmp_path)
-    assert {p.name for p in paths} == {"results.json", "results.csv", "layers.csv"}
-    again = DepthResult.load(tmp_path)
-    assert again.summary() == summary
-    header = (tmp_path / "results.csv").read_text().splitlines()[0]
-    assert header == "prompt,probe,quantity,target,layer,x,value"
-    import matplotlib.pyplot as plt
-
+    assert EXPERIMENT.summary(result) == summary
+    again = EXPERIMENT.load_result(json.loads(json.dumps(result.to_dict())))
+    assert again.summary() == summary and again.to_dict() == result.to_dict()
+    tables = EXPERIMENT.tables(result)
+    assert set(tables) == {"results", "layers"}
+    assert csv_text(*tables["results"]).splitlines()[0] == "prompt,probe,quantity,target,layer,x,value"
+    layers = csv_text(*tables["layers"]).splitlines()
+    assert layers[0].startswith("layer,ratio_median,") and len(layers) == 1 + result.n_layers
+    assert ",," in layers[-1]  # the last layer has no curvature: an empty cell, not "nan"
     for name in ("profile", "lipschitz", "propagation", "alpha", "half_steps", "readout"):
-        fig = result.plot(name, prompt="b")
+        fig = depth_figure(result, name, prompt="b")
         assert fig.axes
         plt.close(fig)
+    names = []
+    for name, fig in EXPERIMENT.figures(result, per_item=True):
+        names.append(name)
+        plt.close(fig)
+    assert names == ["profile", "lipschitz", "propagation", "alpha", "half_steps", "items/a", "items/b"]
+    assert [name for name, fig in depth_figures(result, per_item=False) if plt.close(fig) is None][-1] == "half_steps"
     with pytest.raises(ExperimentError, match="unknown depth figure"):
-        result.plot("nope")
+        depth_figure(result, "nope")
     with pytest.raises(ExperimentError, match="no prompt 'c'"):
-        result.plot("readout", prompt="c")
+        depth_figure(result, "readout", prompt="c")
 
 
-def run_tiny(out: Path, **options: object) -> Path:
+def test_seeds_do_not_depend_on_which_prompts_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(EXPERIMENT, "items", lambda config: TINY_PROMPTS)
     lm = ContinuousLM(tiny_model("llama", "sdpa"))
-    return run_depth_command(model="tiny-llama", out=out, lm=lm, config=SMALL, prompts=TINY_PROMPTS, **options)
+
+    def numbers(record: object) -> dict:
+        data = EXPERIMENT.encode(record)
+        data.pop("seconds")
+        return data
+
+    full = dict(EXPERIMENT.run(lm, SMALL, TINY_PROMPTS, Context(seed=0)))
+    alone = dict(EXPERIMENT.run(lm, SMALL, TINY_PROMPTS[1:], Context(seed=0)))
+    assert list(full) == ["a", "b"] and list(alone) == ["b"]
+    assert numbers(alone["b"]) == numbers(full["b"])
+    reseeded = dict(EXPERIMENT.run(lm, SMALL, TINY_PROMPTS[1:], Context(seed=1)))
+    assert numbers(reseeded["b"])["lipschitz"] != numbers(full["b"])["lipschitz"]
+    # The Python API gives the numbers a default run gives.
+    api = run_depth(lm, SMALL, prompts=TINY_PROMPTS, seed=0)
+    assert [numbers(r) for r in api.records] == [numbers(full["a"]), numbers(full["b"])]
+    assert numbers(EXPERIMENT.decode(json.loads(json.dumps(EXPERIMENT.encode(full["a"]))))) == numbers(full["a"])
+    assert seed_index(PROMPTS[2], 0) == 2 and seed_index(TINY_PROMPTS[1], 1) == 1
 
 
-def test_run_depth_command_writes_a_run_directory(tmp_path: Path) -> None:
+def test_check_names_layers_outside_the_model() -> None:
+    lm = ContinuousLM(tiny_model("llama", "sdpa"))
+    EXPERIMENT.check(lm, SMALL)
+    with pytest.raises(ExperimentError, match="layer 5 is outside the model; it has 3 layers"):
+        EXPERIMENT.check(lm, DepthConfig(layer=(0, 5)))
+
+
+def run_tiny(out: Path, monkeypatch: pytest.MonkeyPatch, **options: object) -> Path:
+    monkeypatch.setattr(EXPERIMENT, "items", lambda config: TINY_PROMPTS)
+    lm = ContinuousLM(tiny_model("llama", "sdpa"))
+    return runner.run("depth", config=SMALL, model="tiny-llama", lm=lm, out=out, **options)
+
+
+def test_runner_writes_a_depth_run_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "run"
-    assert run_tiny(out) == out
+    assert run_tiny(out, monkeypatch) == out
     for name in ("config.json", "manifest.json", "results.json", "results.csv", "layers.csv", "summary.json",
                  "items/a.json", "items/b.json"):
         assert (out / name).is_file(), name
@@ -415,30 +469,40 @@ def test_run_depth_command_writes_a_run_directory(tmp_path: Path) -> None:
         for ext in (".png", ".pdf"):
             assert (out / "figures" / f"{stem}{ext}").stat().st_size > 1000, stem + ext
     assert json.loads((out / "manifest.json").read_text())["status"] == "finished"
-    assert json.loads((out / "config.json").read_text())["experiment"] == "depth"
+    config = json.loads((out / "config.json").read_text())
+    assert config["experiment"] == "depth" and config["seed"] == 0
+    assert config["options"]["layer"] == [0, -1] and "seed" not in config["options"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prompts"] == ["a", "b"] and summary["n_layers"] == 3
+    assert (out / "results.csv").read_text().splitlines()[0] == "prompt,probe,quantity,target,layer,x,value"
     with pytest.raises(RunDirectoryError, match="already holds files"):
-        run_tiny(out)
+        run_tiny(out, monkeypatch)
 
 
 @pytest.mark.slow
-def test_run_depth_command_resumes(tmp_path: Path) -> None:
+def test_runner_resumes_a_depth_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "run"
-    run_tiny(out, item_figures=False)
+    run_tiny(out, monkeypatch, item_figures=False)
+    first = json.loads((out / "results.json").read_text())
     # A resumed run reuses the records on disk.
-    record = json.loads((out / "items/a.json").read_text())
-    record["seconds"] = 12345.0
-    (out / "items/a.json").write_text(json.dumps(record))
+    saved = json.loads((out / "items/a.json").read_text())
+    saved["record"]["seconds"] = 12345.0
+    (out / "items/a.json").write_text(json.dumps(saved))
     (out / "items/b.json").write_text("{ truncated")
-    run_tiny(out, item_figures=False, resume=True)
-    saved = json.loads((out / "results.json").read_text())
-    assert saved["records"][0]["seconds"] == 12345.0  # reused
-    assert saved["records"][1]["seconds"] != 12345.0 and json.loads((out / "items/b.json").read_text())["id"] == "b"
+    run_tiny(out, monkeypatch, item_figures=False, resume=True)
+    again = json.loads((out / "results.json").read_text())
+    assert again["records"][0]["seconds"] == 12345.0  # reused
+    assert again["records"][1]["seconds"] != 12345.0 and json.loads((out / "items/b.json").read_text())["id"] == "b"
+    # The recomputed prompt has the numbers it had in the first run.
+    for record in (first["records"][1], again["records"][1]):
+        record.pop("seconds")
+    assert again["records"][1] == first["records"][1]
 
 
-def test_run_depth_command_checks_layers_before_writing(tmp_path: Path) -> None:
+def test_runner_checks_depth_layers_before_writing(tmp_path: Path) -> None:
     lm = ContinuousLM(tiny_model("llama", "sdpa"))
     with pytest.raises(ExperimentError, match="layer 5 is outside the model"):
-        run_depth_command(model="tiny", out=tmp_path / "run", lm=lm, layer="0,5", prompts=TINY_PROMPTS)
+        runner.run("depth", options={"layer": "0,5"}, model="tiny", lm=lm, out=tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 
@@ -446,12 +510,12 @@ def test_run_depth_command_checks_layers_before_writing(tmp_path: Path) -> None:
     "args,needle",
     [
         (["--alphas", "0,2.5"], "alpha must lie in [0, 2], got 2.5"),
-        (["--alphas", "x"], "--alphas must be comma-separated numbers"),
+        (["--alphas", "x"], "--alphas must be a number, got 'x'"),
         (["--eps", "0"], "eps must be positive, got 0"),
         (["--eps", "1e-2,-1"], "eps must be positive, got -1"),
-        (["--layer", "a"], "--layer must be comma-separated integers"),
+        (["--layer", "a"], "--layer must be an integer, got 'a'"),
         (["--samples", "3"], "option(s) --samples do not apply to the depth experiment"),
-        (["--items", "nope"], "unknown depth prompt(s) nope"),
+        (["--items", "nope"], "unknown item id 'nope'"),
     ],
 )
 def test_cli_bad_depth_options(args: list[str], needle: str, tmp_path: Path) -> None:
@@ -464,4 +528,5 @@ def test_cli_bad_depth_options(args: list[str], needle: str, tmp_path: Path) -> 
 
 def test_cli_depth_options_belong_to_depth(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["run", "counting", "--eps", "0.1", "--out", str(tmp_path / "run")])
-    assert result.exit_code == 2 and "apply to the depth experiment only" in result.output
+    assert result.exit_code == 2 and "option(s) --eps do not apply to the counting experiment" in result.output
+    assert not (tmp_path / "run").exists()

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from contllm import distributed
 from contllm.cli import app
 from contllm.errors import ExperimentError, ModelLoadError
-from contllm.experiments.base import Sweep
+from contllm.experiments.sweeps import Sweep
 from contllm.models import check_device_map
 from contllm.runs import ITEMS, SHARDS, RunDir
 
@@ -27,8 +27,18 @@ def sweep(item_id: str, scale: float = 1.0) -> Sweep:
     return Sweep(item_id, x, ["1", "2"], probs, truth="2", meta={"n": 2})
 
 
-def opened(path: Path, **kwargs: bool) -> RunDir:
-    return RunDir(path, CONFIG, **kwargs).open()
+class Records(RunDir):
+    """A run directory of sweep records, as the runner keeps them for counting."""
+
+    def save_sweep(self, s: Sweep) -> None:
+        self.save_record(s.item_id, s.to_dict())
+
+    def finished(self) -> dict[str, Sweep]:  # type: ignore[override]
+        return super().finished(Sweep.from_dict)
+
+
+def opened(path: Path, **kwargs: bool) -> Records:
+    return Records(path, CONFIG, **kwargs).open()
 
 
 # ----------------------------------------------------------------- shards of a run directory
@@ -82,7 +92,7 @@ def test_a_record_in_items_wins_over_a_shard_copy_unless_it_is_unreadable(tmp_pa
     assert run.finished()["a"].probs[0, 0] == 0.25  # items/ is read first
     assert run.merge_shards() == 1
     assert (tmp_path / "run" / ITEMS / "a.json").read_bytes() == kept
-    assert Sweep.from_dict(json.loads((tmp_path / "run" / ITEMS / "b.json").read_text())).item_id == "b"
+    assert Sweep.from_dict(json.loads((tmp_path / "run" / ITEMS / "b.json").read_text())["record"]).item_id == "b"
     assert not (tmp_path / "run" / SHARDS).exists()
 
 
@@ -90,6 +100,8 @@ def test_merge_without_shards_changes_nothing(tmp_path: Path) -> None:
     run = opened(tmp_path / "run")
     run.save_sweep(sweep("a"))
     assert run.merge_shards() == 0
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock", "config.json", "items"]
+    run.close()  # the lock goes with the writer
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.json", "items"]
 
 
@@ -183,8 +195,8 @@ def one_line_error(args: list[str], needle: str, env: dict[str, str] | None = No
 def test_command_line_refuses_what_cannot_be_sharded_or_mapped(tmp_path: Path) -> None:
     out = str(tmp_path / "run")
     one_line_error(["run", "counting", "--device-map", "everywhere", "--out", out], "unknown device_map 'everywhere'")
-    one_line_error(["run", "depth", "--device-map", "auto", "--out", out], "--device-map applies to counting, events")
-    one_line_error(["run", "depth", "--out", out], "depth runs in one process", env={"WORLD_SIZE": "2"})
+    one_line_error(["run", "depth", "--device-map", "auto", "--out", out], "option(s) --device-map do not apply to the depth experiment")
+    one_line_error(["run", "pde", "--out", out], "pde runs in one process", env={"WORLD_SIZE": "2"})
     one_line_error(
         ["run", "counting", "--device", "cuda:1", "--out", out], "--device cuda:1 names one device", env={"WORLD_SIZE": "2"}
     )

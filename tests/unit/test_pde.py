@@ -473,36 +473,3 @@ def test_perplexity_of_a_perfect_and_a_uniform_model() -> None:
     assert perplexity(torch.zeros(5, 7), ids) == pytest.approx(7.0)
     with pytest.raises(DynamicsError):
         perplexity(torch.zeros(1, 7), ids[:1])
-
-
-# ---------------------------------------------------------------------------- the command line
-
-
-@pytest.mark.parametrize(
-    "args,needle",
-    [
-        (["run", "pde", "--times", "0,-1"], "pseudo-times must be finite and >= 0, got -1"),
-        (["run", "pde", "--times", "a,b"], "--times must be comma-separated numbers"),
-        (["run", "pde", "--dynamics", "heat"], "dynamics must be one of diffusion, wave, reaction"),
-        (["run", "pde", "--variants", "attention,foo"], "unknown variant(s) foo"),
-        (["run", "pde", "--spacing", "log"], "spacing must be one of time, index"),
-        (["run", "pde", "--layer", "1,2"], "--layer must be an integer"),
-        (["run", "pde", "--wave-speed", "0"], "wave speed c must be > 0"),
-        (["run", "pde", "--long-range", "0"], "long_range must be >= 1"),
-        (["run", "pde", "--items", "nope"], "unknown pde prompt(s) nope"),
-        (["run", "pde", "--samples", "3"], "--samples do not apply to the pde experiment"),
-        (["run", "pde", "--eps", "0.1"], "--eps and --alphas apply to the depth experiment only"),
-        (["run", "counting", "--times", "1"], "--times apply to the pde experiment only, not counting"),
-    ],
-)
-def test_bad_pde_options_give_one_line_and_status_2(args: list[str], needle: str, tmp_path) -> None:
-    from typer.testing import CliRunner
-
-    from contllm.cli import app
-
-    out = tmp_path / "run"
-    result = CliRunner().invoke(app, [*args, "--out", str(out)])
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.output
-    assert not out.exists()

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from contllm.cli import app
 from contllm.errors import RunDirectoryError
-from contllm.experiments.base import ExperimentResult, Sweep
+from contllm.experiments import save
+from contllm.experiments.sweeps import ExperimentResult, Sweep
 from contllm.report import REPORT_FILES, write_report
 
 pytestmark = pytest.mark.unit
@@ -55,7 +56,7 @@ def boolean_result(model: str) -> ExperimentResult:
 
 
 def fake_run(directory: Path, result: ExperimentResult, *, status: str = "finished") -> Path:
-    result.save(directory)
+    save(result, directory, figures=False)
     (directory / "config.json").write_text(json.dumps({"experiment": result.experiment, "model": result.model}))
     manifest = {"model": result.model, "dtype": "float32", "status": status}
     (directory / "manifest.json").write_text(json.dumps(manifest))

@@ -1,0 +1,240 @@
+"""Figures of sweep results (counting, events, boolean): one item, a run's summary, runs compared.
+
+Every function takes result data (an :class:`~contllm.experiments.sweeps.ExperimentResult`
+or its sweeps, read by attribute) and returns a matplotlib figure; nothing is saved here
+(:func:`contllm.plotting.save_figure` does that).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from contllm import metrics
+from contllm.plotting import plt
+
+Result = Any  # an ExperimentResult: experiment, model, x_label, sweeps
+Sweep = Any  # a Sweep: item_id, x, labels, probs, truth, meta
+
+
+class Compared(NamedTuple):
+    """One run in a comparison: its legend label, its result and its summary numbers."""
+
+    label: str
+    result: Result
+    summary: dict[str, Any]
+
+def _x_name(result: Result) -> str:
+    return "duration factor c" if result.x_label == "factor" else "interpolation alpha"
+
+
+def item_figure(result: Result, sweep: Sweep, what: str, *, counts: bool) -> Any:
+    """One item: the probability of each label against the knob; with ``counts``, E[k] and the argmax count too.
+
+    what: a line saying what the item is (its word, its events, its operators).
+    """
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), constrained_layout=True)
+    colors = plt.get_cmap("tab10")
+    for j, label in enumerate(sweep.labels):
+        width = 2.6 if label == sweep.truth else 1.4
+        ax.plot(sweep.x, sweep.probs[:, j], "-", lw=width, color=colors(j % 10), label=f"{label}")
+    ax.set_xlabel(_x_name(result))
+    ax.set_ylabel("probability")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    if counts:
+        implied = sweep.implied_value()
+        twin = ax.twinx()
+        twin.plot(sweep.x, implied, "k--", lw=2, label="implied count E[k]")
+        argmax = [float(v) for v in sweep.argmax_labels()]
+        twin.plot(sweep.x, argmax, "ks", ms=4, alpha=0.6, label="argmax count")
+        twin.set_ylabel("count")
+        twin.set_ylim(-0.3, 9.3)
+        handles, labels = ax.get_legend_handles_labels()
+        h2, l2 = twin.get_legend_handles_labels()
+        ax.legend(handles + h2, labels + l2, fontsize=7, ncol=2, loc="upper left", title="label (true count bold)")
+    else:
+        ax.legend(fontsize=8, loc="best", title="label")
+    ax.set_title(f"{result.model} · {result.experiment} · {sweep.item_id}\n{what}", fontsize=9)
+    return fig
+
+
+def count_summary_figure(result: Result) -> Any:
+    """Counting or events across items: mean E[k] and mean probability of the true count against the factor, per true count."""
+    by_n: dict[int, list[Sweep]] = defaultdict(list)
+    for s in result.sweeps:
+        by_n[int(s.truth or 0)].append(s)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5), constrained_layout=True)
+    cmap = plt.get_cmap("viridis")
+    ns = sorted(by_n)
+    for k, n in enumerate(ns):
+        color = cmap(k / max(1, len(ns) - 1))
+        x = by_n[n][0].x
+        same_grid = [s for s in by_n[n] if len(s.x) == len(x) and np.allclose(s.x, x)]
+        implied = np.nanmean([s.implied_value() for s in same_grid], axis=0)
+        truth_p = np.mean([s.column(str(n)) if str(n) in s.labels else np.zeros_like(x) for s in same_grid], axis=0)
+        left.plot(x, implied, "-o", ms=3, color=color, label=f"n = {n} ({len(same_grid)} items)")
+        left.plot(x, n * x, ":", color=color, lw=1)
+        right.plot(x, truth_p, "-o", ms=3, color=color, label=f"n = {n}")
+    left.set_xlabel(_x_name(result))
+    left.set_ylabel("mean implied count E[k]")
+    left.set_title("implied count (dotted: n·c)", fontsize=10)
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    right.set_xlabel(_x_name(result))
+    right.set_ylabel("mean probability of the true count n")
+    right.set_ylim(-0.02, 1.02)
+    right.set_title("probability of the true count", fontsize=10)
+    right.grid(alpha=0.3)
+    right.legend(fontsize=8)
+    fig.suptitle(f"{result.model} · {result.experiment} · {len(result.sweeps)} items", fontsize=12)
+    return fig
+
+
+def boolean_summary_figure(result: Result) -> Any:
+    """Boolean across items: P(1) / (P(0) + P(1)) against alpha, one panel per operator pair."""
+    by_pair: dict[str, list[Sweep]] = defaultdict(list)
+    for s in result.sweeps:
+        by_pair[f"{s.meta.get('first')} -> {s.meta.get('second')}"].append(s)
+    pairs = sorted(by_pair)
+    cols = min(4, len(pairs))
+    rows = int(np.ceil(len(pairs) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False, constrained_layout=True)
+    colors = plt.get_cmap("tab10")
+    for ax, pair in zip(axes.flat, pairs):
+        for k, s in enumerate(sorted(by_pair[pair], key=lambda s: (s.meta.get("a"), s.meta.get("b")))):
+            p1, p0 = s.column("1"), s.column("0")
+            share = p1 / np.where(p0 + p1 > 0, p0 + p1, np.nan)
+            label = f"({s.meta.get('a')},{s.meta.get('b')}): {s.meta.get('truth_first')}->{s.meta.get('truth_second')}"
+            ax.plot(s.x, share, "-", color=colors(k), lw=1.6, label=label)
+        ax.set_title(pair, fontsize=9)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("alpha")
+        ax.set_ylabel("P(1) / (P(0) + P(1))")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, title="inputs: truth", title_fontsize=6)
+    for ax in list(axes.flat)[len(pairs) :]:
+        ax.axis("off")
+    fig.suptitle(f"{result.model} · boolean interpolation · {len(result.sweeps)} items", fontsize=12)
+    return fig
+
+
+def _common_grid(sweeps: Sequence[Sweep]) -> tuple[np.ndarray, list[Sweep]]:
+    """The most common x grid among ``sweeps`` and the sweeps on it (a run uses one grid)."""
+    grids = Counter(tuple(np.round(s.x, 12)) for s in sweeps)
+    x = np.array(grids.most_common(1)[0][0])
+    return x, [s for s in sweeps if len(s.x) == len(x) and np.allclose(s.x, x)]
+
+
+def _count_items(n: int) -> str:
+    return f"{n} item" if n == 1 else f"{n} items"
+
+
+def _proportional_count(sweep: Sweep) -> np.ndarray:
+    """The count if the model counted time: n·c, or n − 1 + c when a single event is scaled."""
+    n = float(int(sweep.truth or 0))
+    if sweep.meta.get("event"):
+        return n - 1 + sweep.x
+    return n * sweep.x
+
+
+def _titled(fig: Any, experiment: str, labels: Sequence[str]) -> Any:
+    fig.suptitle(f"{experiment}: {' vs '.join(dict.fromkeys(labels))}", fontsize=12)
+    return fig
+
+
+def count_comparison(runs: Sequence[Compared]) -> Any:
+    """Runs of counting or events side by side: time sensitivity, implied count, accuracy."""
+    fig, (sens, implied, acc) = plt.subplots(1, 3, figsize=(16, 4.8), constrained_layout=True)
+    colors = plt.get_cmap("tab10")
+    h = metrics.default_thresholds()
+    references: list[tuple[np.ndarray, np.ndarray]] = []
+    for k, r in enumerate(runs):
+        color = colors(k % 10)
+        sweeps = r.result.sweeps
+        curves = [metrics.count_curve(s) for s in sweeps]
+        observed = metrics.observed_time_sensitivity(curves, h)
+        sens.plot(h, observed, "-", color=color, lw=2, label=f"{r.label}: observed")
+        if all(np.isclose(s.x, 1.0, atol=1e-6).any() for s in sweeps):
+            counterfactual = metrics.counterfactual_time_sensitivity(curves, h)
+            sens.plot(h, counterfactual, "--", color=color, lw=1.5, label=f"{r.label}: counterfactual (c = 1)")
+        x, same = _common_grid(sweeps)
+        n_items = _count_items(len(same)) if len(same) == len(sweeps) else f"{len(same)} of {_count_items(len(sweeps))}"
+        expected = np.nanmean([s.implied_value() for s in same], axis=0)
+        implied.plot(x, expected, "-o", ms=3, color=color, label=f"{r.label} ({n_items})")
+        ideal = np.mean([_proportional_count(s) for s in same], axis=0)
+        if not any(len(x) == len(rx) and np.allclose(x, rx) and np.allclose(ideal, ry) for rx, ry in references):
+            references.append((x, ideal))
+        correct = np.mean([[lab == s.truth for lab in s.argmax_labels()] for s in same], axis=0)
+        acc.plot(x, correct, "-o", ms=3, color=color, label=f"{r.label} ({n_items})")
+    for n, (x, ideal) in enumerate(references):
+        label = "count proportional to time (n·c; n−1+c with one event scaled)" if n == 0 else None
+        implied.plot(x, ideal, ":", color="0.4", lw=1.2, label=label)
+    x_name = "duration factor c"
+    sens.set(xlabel="threshold h", ylabel="share of counts 1..n found", ylim=(-0.02, 1.02),
+             title="time sensitivity (solid: observed on the sweep; dashed: at c = 1)")
+    implied.set(xlabel=x_name, ylabel="mean implied count E[k]", title="implied count E[k] over digits")
+    acc.set(xlabel=x_name, ylabel="share of items with argmax digit = n", ylim=(-0.02, 1.02),
+            title="accuracy of the argmax digit")
+    for ax in (sens, implied, acc):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.title.set_fontsize(9)
+    return _titled(fig, runs[0].result.experiment, [r.label for r in runs])
+
+
+def _share_of_one(sweep: Sweep) -> np.ndarray:
+    p1, p0 = sweep.column("1"), sweep.column("0")
+    total = p0 + p1
+    return p1 / np.where(total > 0, total, np.nan)
+
+
+#: Boolean items by how the truth value moves from the first operator to the second.
+TRANSITIONS = {"flips": ((0, 1), (1, 0)), "stays": ((1, 1), (0, 0))}
+
+
+def boolean_comparison(runs: Sequence[Compared]) -> Any:
+    """Boolean runs side by side (label, result, summary): P(1) where the truth flips or stays, accuracy at the ends."""
+    fig, (flips, stays, bars) = plt.subplots(1, 3, figsize=(16, 4.8), constrained_layout=True)
+    colors = plt.get_cmap("tab10")
+    for k, r in enumerate(runs):
+        color = colors(k % 10)
+        for ax, kind in ((flips, "flips"), (stays, "stays")):
+            for (before, after), style in zip(TRANSITIONS[kind], ("-", "--")):
+                chosen = [
+                    s for s in r.result.sweeps
+                    if (int(s.meta.get("truth_first", -1)), int(s.meta.get("truth_second", -1))) == (before, after)
+                ]
+                if not chosen:
+                    continue
+                x, same = _common_grid(chosen)
+                share = np.nanmean([_share_of_one(s) for s in same], axis=0)
+                ax.plot(x, share, style, color=color, lw=1.8,
+                        label=f"{r.label}: {before} → {after} ({_count_items(len(same))})")
+    width = 0.8 / len(runs)
+    positions = np.arange(2)
+    for k, r in enumerate(runs):
+        values = [r.summary.get("accuracy_at_alpha_0"), r.summary.get("accuracy_at_alpha_1")]
+        heights = [np.nan if v is None else v for v in values]
+        offset = positions - 0.4 + width * (k + 0.5)
+        bars.bar(offset, heights, width, color=colors(k % 10), label=r.label)
+        for xpos, v in zip(offset, values):
+            bars.annotate("n/a" if v is None else f"{v:.2f}", (xpos, 0 if v is None else v),
+                          ha="center", va="bottom", fontsize=7)
+    bars.set_xticks(positions, ["alpha = 0\n(first operator)", "alpha = 1\n(second operator)"])
+    # Headroom above 1 keeps the legend off the bars.
+    bars.set(ylabel="truth-table accuracy (P(1) vs P(0))", ylim=(0, 1.3), yticks=np.linspace(0, 1, 6),
+             title="truth-table accuracy at the ends")
+    bars.legend(fontsize=7, loc="upper center", ncol=min(len(runs), 3))
+    for ax, kind in ((flips, "flips"), (stays, "stays")):
+        ax.set(xlabel="interpolation alpha", ylabel="mean P(1) / (P(0) + P(1))", ylim=(-0.02, 1.02),
+               title=f"items whose truth value {kind} (first → second operator)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in (flips, stays, bars):
+        ax.title.set_fontsize(9)
+    bars.grid(alpha=0.3, axis="y")
+    return _titled(fig, runs[0].result.experiment, [r.label for r in runs])

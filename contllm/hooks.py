@@ -1,0 +1,105 @@
+"""Hook plumbing: read and rewrite what a decoder layer gets and returns, for as long as a context lasts.
+
+Decoder layers (and norms) of transformers models take their hidden states as the first
+positional argument or by keyword, and return a tensor or a tuple (or list) whose first
+element is the hidden states. :func:`hidden_of` / :func:`with_hidden` read and replace
+the input, :func:`first_output` / :func:`replace_first_output` the output.
+
+:func:`output_hook` and :func:`input_hook` register a forward hook / forward pre-hook
+(both with keyword arguments) on one module inside a ``with`` block and remove it on
+exit, also when the body raises. For several modules, enter one per module on a
+:class:`contextlib.ExitStack`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from contllm.errors import UnsupportedModelError
+
+#: Keywords under which layers and norms take their hidden states when not positional.
+HIDDEN_KEYWORDS = ("hidden_states", "input", "x")
+
+#: fn(module, args, kwargs, output) -> a replacement output, or None to keep it.
+OutputFn = Callable[[torch.nn.Module, tuple, dict, Any], Any]
+#: fn(module, args, kwargs) -> (args, kwargs) to call the module with instead, or None to keep them.
+InputFn = Callable[[torch.nn.Module, tuple, dict], "tuple[tuple, dict] | None"]
+
+
+def _no_hidden() -> UnsupportedModelError:
+    return UnsupportedModelError(
+        "a decoder layer was called without hidden states as its first argument "
+        f"or as one of the keywords {', '.join(HIDDEN_KEYWORDS)}"
+    )
+
+
+def hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The hidden states a layer (or norm) was called with: first positional, else by keyword.
+
+    Raises UnsupportedModelError when there are none.
+    """
+    if args:
+        return args[0]
+    for key in HIDDEN_KEYWORDS:
+        if key in kwargs:
+            return kwargs[key]
+    raise _no_hidden()
+
+
+def with_hidden(args: tuple, kwargs: dict, h: torch.Tensor) -> tuple[tuple, dict]:
+    """(args, kwargs) with the hidden states replaced by ``h``, where :func:`hidden_of` found them.
+
+    Returns new containers; the given ones are not changed.
+    """
+    if args:
+        return (h, *args[1:]), kwargs
+    for key in HIDDEN_KEYWORDS:
+        if key in kwargs:
+            return args, {**kwargs, key: h}
+    raise _no_hidden()
+
+
+def first_output(output: Any) -> torch.Tensor:
+    """The hidden states a layer returned: the output itself, or its first element for a tuple or list."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def replace_first_output(output: Any, h: torch.Tensor) -> Any:
+    """``output`` with its hidden states replaced by ``h``, keeping its type (tensor, tuple or list)."""
+    if isinstance(output, tuple):
+        return (h, *output[1:])
+    if isinstance(output, list):
+        return [h, *output[1:]]
+    return h
+
+
+@contextmanager
+def output_hook(module: torch.nn.Module, fn: OutputFn) -> Iterator[None]:
+    """Call ``fn(module, args, kwargs, output)`` after every forward of ``module`` while the context lasts.
+
+    A non-None return value replaces the module's output (see :func:`replace_first_output`).
+    The hook is removed on exit, also when the body raises.
+    """
+    handle = module.register_forward_hook(fn, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def input_hook(module: torch.nn.Module, fn: InputFn) -> Iterator[None]:
+    """Call ``fn(module, args, kwargs)`` before every forward of ``module`` while the context lasts.
+
+    A non-None return value must be a pair (args, kwargs) that the module is called with
+    instead (see :func:`with_hidden`). The hook is removed on exit, also when the body raises.
+    """
+    handle = module.register_forward_pre_hook(fn, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
