@@ -4,7 +4,10 @@
 
 For each alias, with an empty temporary cache: the first ``load_model`` (dequantize the
 GGUF, write the cache entry, read it back), then cached loads in the same process
-(imports already paid) and in a fresh process (``import contllm.models`` included).
+(imports already paid) and in a fresh process (``import contllm.models`` included), and
+what verifying the entry costs within a cached load: the check every load runs (full
+sha256 of small files, sampled fingerprint of the weights) and the deep check (full
+sha256 of every file, also what a load pays once after a file's stat changed).
 Prints the CPU's capabilities (``contllm.hardware.cpu_capability``), then a table;
 asserts nothing.
 """
@@ -47,7 +50,7 @@ def _fresh_process_load(alias: str, cache_dir: Path) -> dict[str, float]:
 
 def measure(alias: str, repeat: int) -> dict[str, float]:
     """Seconds for the first load, cached loads in process (median) and in a fresh process."""
-    from contllm.models import RECORD_NAME, load_model
+    from contllm.models import RECORD_NAME, cache_entry_problems, load_model
 
     with tempfile.TemporaryDirectory(prefix="contllm-bench-") as tmp:
         cache_dir = Path(tmp)
@@ -61,6 +64,14 @@ def measure(alias: str, repeat: int) -> dict[str, float]:
             load_model(alias, cache_dir=cache_dir)
             cached.append(time.perf_counter() - t0)
         fresh = _fresh_process_load(alias, cache_dir)
+        verify = []
+        for _ in range(max(repeat, 5)):
+            t0 = time.perf_counter()
+            cache_entry_problems(cache_dir / alias)
+            verify.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        cache_entry_problems(cache_dir / alias, deep=True)
+        verify_deep = time.perf_counter() - t0
     return {
         "first_s": first,
         "gguf_tokenizer_s": record["conversion"]["tokenizer_s"],
@@ -68,6 +79,8 @@ def measure(alias: str, repeat: int) -> dict[str, float]:
         "cached_s": statistics.median(cached),
         "fresh_import_s": fresh["import_s"],
         "fresh_load_s": fresh["load_s"],
+        "verify_s": statistics.median(verify),
+        "verify_deep_s": verify_deep,
     }
 
 
@@ -81,16 +94,28 @@ def main(argv: list[str] | None = None) -> None:
 
     from contllm.hardware import cpu_capability, describe
 
-    columns = ["first_s", "gguf_tokenizer_s", "gguf_model_s", "cached_s", "fresh_import_s", "fresh_load_s"]
+    columns = [
+        "first_s",
+        "gguf_tokenizer_s",
+        "gguf_model_s",
+        "cached_s",
+        "fresh_import_s",
+        "fresh_load_s",
+        "verify_s",
+        "verify_deep_s",
+    ]
     print(describe(cpu_capability()))
     print(f"{'model':<14}" + "".join(f"{c:>18}" for c in columns))
     for alias in args.models:
         result = measure(alias, args.repeat)
-        print(f"{alias:<14}" + "".join(f"{result[c]:>18.2f}" for c in columns), flush=True)
+        print(f"{alias:<14}" + "".join(f"{result[c]:>18.3f}" for c in columns), flush=True)
     print(
         "first_s: empty cache (GGUF dequantized by transformers, entry written, read back); "
         "gguf_*: parts of that conversion; cached_s: cached load in the same process; "
-        "fresh_*: a new interpreter importing contllm.models, then loading from the cache."
+        "fresh_*: a new interpreter importing contllm.models, then loading from the cache; "
+        "verify_s: the content check inside every cached load (included in cached_s); verify_deep_s: "
+        "full sha256 of every file (cache_entry_problems(deep=True), and what one load pays after a "
+        "file's size, mtime, ctime or inode changed)."
     )
 
 

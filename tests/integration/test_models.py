@@ -164,3 +164,34 @@ def test_truncated_cache_entry_is_rebuilt(smollm2: Reference, cache_dir: Path, t
         rebuilt = M.load_model("smollm2-135m", cache_dir=tmp_path)
     assert M.cache_entry_problems(tmp_path / "smollm2-135m") == []
     torch.testing.assert_close(_logits(rebuilt, PROMPT), smollm2.logits[PROMPT], rtol=0, atol=1e-5)
+
+
+def test_4k_flip_in_cached_weights_is_detected_and_rebuilt(
+    smollm2: Reference, cache_dir: Path, tmp_path: Path
+) -> None:
+    # The case: 4 KiB overwritten inside model.safetensors, same size (as dd conv=notrunc does).
+    shutil.copytree(cache_dir / "smollm2-135m", tmp_path / "smollm2-135m")
+    entry = tmp_path / "smollm2-135m"
+    assert M.cache_entry_problems(entry) == []  # a copy: hashed in full once, record updated
+    weights = entry / "model.safetensors"
+    with weights.open("r+b") as fh:
+        fh.seek(weights.stat().st_size // 2 + 12345)
+        fh.write(os.urandom(4096))
+    with pytest.warns(M.ModelCacheWarning, match="model.safetensors"):
+        rebuilt = M.load_model("smollm2-135m", cache_dir=tmp_path)
+    assert M.cache_entry_problems(entry, deep=True) == []
+    torch.testing.assert_close(_logits(rebuilt, PROMPT), smollm2.logits[PROMPT], rtol=0, atol=1e-5)
+
+
+def test_untouched_cached_weights_are_not_hashed_in_full(
+    smollm2: Reference, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contllm.models import cache
+
+    entry = cache_dir / "smollm2-135m"
+    assert M.cache_entry_problems(entry) == []
+    hashed: list[str] = []
+    full_hash = cache.sha256_file
+    monkeypatch.setattr(cache, "sha256_file", lambda path: hashed.append(path.name) or full_hash(path))
+    assert M.cache_entry_problems(entry) == []
+    assert "model.safetensors" not in hashed

