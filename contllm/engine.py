@@ -17,7 +17,12 @@ attention), and the time mask spans prefix and new keys alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import operator
+import os
+import sys
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -44,6 +49,14 @@ CPU_BATCH_TOKENS = 8192
 _ACCELERATOR_MEMORY_SHARE = 0.5
 #: Key width assumed when estimating the attention scores of one token on an accelerator.
 _ASSUMED_KEY_WIDTH = 512
+
+
+class ContextLengthWarning(UserWarning):
+    """A signal is longer, or reaches a later time, than the model's max_position_embeddings."""
+
+
+#: Models already warned about their context length: the warning comes once per model.
+_WARNED_LENGTH: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -191,9 +204,13 @@ class Engine:
             each signal, negative from its end) -> [n, vocab] or [n, k, vocab]; "all" ->
             a list of n tensors [tokens_i, vocab].
         progress: called after each chunk with the number of signals finished so far.
+        Inputs are checked before anything runs (:func:`check_inputs`): SignalError for
+        a bad id, width or position, or a read position with nothing to attend to.
         """
-        items = _check_signals(signals)
+        items = check_signals(signals)
+        positions = normalize_positions(positions)
         reads = _read_indices(items, positions)
+        check_inputs(self.lm, items, reads)
         stats = EngineStats()
         out: list[Any] = []
         reusable: _Prefix | None = None
@@ -406,27 +423,123 @@ def _tail(signal: Signal, start: int) -> Signal:
     return _slice(signal, start, len(signal))
 
 
-def _check_signals(signals: Sequence[Signal]) -> list[Signal]:
+def check_signals(signals: Sequence[Signal], *, single_ok: bool = False) -> list[Signal]:
+    """``signals`` as a list of Signal objects (also one Signal alone with ``single_ok``); SignalError naming them."""
     if isinstance(signals, Signal):
+        if single_ok:
+            return [signals]
         raise SignalError("Engine takes a sequence of signals; wrap a single signal in a list")
+    if isinstance(signals, (str, bytes)):
+        raise SignalError(
+            f"signals must be a Signal or a list of them, got the string {signals[:40]!r}; "
+            "build a signal from text with lm.signal(text)"
+        )
+    if not isinstance(signals, Iterable):
+        raise SignalError(f"signals must be a Signal or a list of them, got {type(signals).__name__}")
     items = list(signals)
     if not items:
         raise SignalError("no signals given; the engine needs at least one")
     for i, s in enumerate(items):
         if not isinstance(s, Signal):
-            raise SignalError(f"item {i} is a {type(s).__name__}, not a Signal")
+            raise SignalError(f"signals: item {i} is a {type(s).__name__}, not a Signal")
     return items
+
+
+def normalize_positions(positions: Any) -> str | int | list[int]:
+    """``positions`` as "last", "all", an int or a list of ints; SignalError naming anything else.
+
+    Python, NumPy and 0-d torch integers are taken; floats (2.5), booleans and other
+    strings than "last" and "all" are not.
+    """
+    bad = SignalError(
+        f"positions must be 'last', 'all', a token index or a list of token indices (integers), got {positions!r}"
+    )
+    if isinstance(positions, str):
+        if positions in ("last", "all"):
+            return positions
+        raise bad
+    if isinstance(positions, bool):
+        raise bad
+    try:
+        return operator.index(positions)
+    except TypeError:
+        pass
+    if not isinstance(positions, Iterable) or isinstance(positions, bytes):
+        raise bad
+    out = []
+    for p in positions:
+        if isinstance(p, bool):
+            raise bad
+        try:
+            out.append(operator.index(p))
+        except TypeError:
+            raise bad from None
+    return out
+
+
+def check_inputs(lm: EvaluatedModel, signals: Sequence[Signal], reads: Sequence[Sequence[int]]) -> None:
+    """Check ``signals`` against the model before anything runs.
+
+    SignalError for a token id outside the vocabulary, embeds of the wrong width, or a
+    read position that sees no token of positive duration (every token at or before its
+    time has duration 0: the attention integral is 0/0, so its output is undefined).
+    A signal longer than the model's ``max_position_embeddings``, or reaching a later
+    time, gets a :class:`ContextLengthWarning`, once per model.
+    """
+    weight = lm.model.get_input_embeddings().weight
+    vocab, hidden = int(weight.shape[0]), int(weight.shape[-1])
+    for k, (s, read) in enumerate(zip(signals, reads)):
+        name = "signal" if len(signals) == 1 else f"signals[{k}]"
+        s.check_for_model(vocab_size=vocab, hidden_size=hidden, name=name)
+        blind = s.blind_positions(read)
+        if blind and not bool((s.durations > 0).any()):
+            raise SignalError(f"{name}: every token has duration 0: nothing to attend to, the output is undefined")
+        if blind:
+            i = blind[0]
+            raise SignalError(
+                f"{name}: position {i} (time {float(s.times[i]):g}) sees no token of positive duration (every "
+                "token at or before its time has duration 0): nothing to attend to, its output is undefined; "
+                "read another position or give an earlier token a positive duration"
+            )
+    _warn_length(lm.model, signals)
+
+
+def _warn_length(model: Any, signals: Sequence[Signal]) -> None:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    limit = getattr(config, "max_position_embeddings", None)
+    if not isinstance(limit, int) or model in _WARNED_LENGTH:
+        return
+    length = max(len(s) for s in signals)
+    latest = max(s.end for s in signals)
+    if length <= limit and latest <= limit - 1:
+        return
+    _WARNED_LENGTH.add(model)
+    warnings.warn(
+        f"signals of up to {length} tokens reaching time {latest:g} go beyond the model's "
+        f"max_position_embeddings of {limit} (positions 0 to {limit - 1}): the model was never trained there "
+        "and its outputs may mean nothing (this warning is shown once per model)",
+        ContextLengthWarning,
+        stacklevel=_user_stacklevel(),
+    )
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning raised by the caller at the first frame outside contllm."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _read_indices(signals: list[Signal], positions: Positions) -> list[list[int]]:
     """The token indices read of each signal, each in [0, len): SignalError for one outside a signal."""
+    positions = normalize_positions(positions)
     if positions == "last":
         return [[len(s) - 1] for s in signals]
     if positions == "all":
         return [list(range(len(s))) for s in signals]
-    if isinstance(positions, str) or isinstance(positions, bool):
-        raise SignalError(f"positions must be 'last', 'all', an int or a list of ints, got {positions!r}")
-    wanted = [positions] if isinstance(positions, int) else [int(p) for p in positions]
+    wanted = [positions] if isinstance(positions, int) else list(positions)
     if not wanted:
         raise SignalError("positions is an empty list")
     out = []

@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from contllm.attention import continuous_positions, model_masks
-from contllm.engine import Context, Engine, Positions, evaluation
+from contllm.engine import Context, Engine, Positions, check_signals, check_inputs, evaluation
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.families import Family, family_of
 from contllm.signal import Signal, SignalBatch, pad_signals
@@ -101,8 +101,7 @@ class ContinuousLM:
 
     def embed(self, signals: Signal | Sequence[Signal]) -> list[torch.Tensor]:
         """Input embeddings [tokens, hidden] of each signal, by the model's own embedding module."""
-        single = isinstance(signals, Signal)
-        items = [signals] if single else list(signals)
+        items = check_signals(signals, single_ok=True)
         embedding = self.model.get_input_embeddings()
         with torch.inference_mode():
             return [s.embedded(embedding).embeds for s in items]  # type: ignore[misc]
@@ -110,6 +109,15 @@ class ContinuousLM:
     # ------------------------------------------------------------------ forward
     def _inputs_embeds(self, batch: SignalBatch) -> torch.Tensor:
         embedding = self.model.get_input_embeddings()
+        vocab, hidden = embedding.weight.shape[0], embedding.weight.shape[-1]
+        ids = batch.token_ids
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise SignalError(
+                f"token ids from {int(ids.min())} to {int(ids.max())} in the batch; the model's vocabulary has "
+                f"{vocab} tokens, so token_ids must lie in [0, {vocab})"
+            )
+        if batch.embeds is not None and batch.embeds.shape[-1] != hidden:
+            raise SignalError(f"embeds are {batch.embeds.shape[-1]} wide, but the model's hidden size is {hidden}")
         if batch.embeds is not None and bool(batch.has_embeds.all()):
             return batch.embeds.to(device=self.device, dtype=self.state_dtype)
         embeds = embedding(batch.token_ids.to(self.device)).to(self.state_dtype)
@@ -177,11 +185,15 @@ class ContinuousLM:
             None: the engine's default budget. It bounds memory, never changes results.
         A single Signal drops the batch dimension. ``Engine(lm).logits(signals)`` gives
         the same numbers (a half-precision model runs with a float32 state either way).
+
+        Raises SignalError for anything but a Signal or a list of them, a token id outside
+        the vocabulary, embeds of the wrong width, a bad ``positions``, or a read position
+        with nothing to attend to (every token at or before its time has duration 0, e.g.
+        every token deleted). A signal beyond the model's max_position_embeddings (in
+        tokens or in time) runs, with a :class:`~contllm.engine.ContextLengthWarning` once per model.
         """
         single = isinstance(signals, Signal)
-        items: list[Signal] = [signals] if single else list(signals)  # type: ignore[list-item]
-        if not items:
-            raise SignalError("no signals given")
+        items = check_signals(signals, single_ok=True)
         budget = None
         if batch_size is not None:
             if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -202,10 +214,15 @@ class ContinuousLM:
     def generate(self, signal: Signal, max_new_tokens: int = 20, *, stop_at_eos: bool = True) -> Generation:
         """Greedy continuation of ``signal``: each new token has duration 1, one time step after the last.
 
-        The prompt goes through the model once; each step then reuses the KV cache.
+        The prompt goes through the model once; each step then reuses the KV cache. The
+        prompt is checked as :meth:`logits` checks it (its last position must see a token
+        of positive duration).
         """
-        if max_new_tokens < 0:
-            raise SignalError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if not isinstance(signal, Signal):
+            raise SignalError(f"signal must be a Signal, got {type(signal).__name__}; build one with lm.signal(text)")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise SignalError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        check_inputs(self, [signal], [[len(signal) - 1]])
         eos = self._eos_ids() if stop_at_eos else set()
         new_ids: list[int] = []
         time = signal.end

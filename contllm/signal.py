@@ -10,11 +10,20 @@ tokens may share one time).
 Signals are immutable: every edit returns a new signal. Edits are addressed by
 character spans ``(start, end)`` of the text the signal was tokenized from, never by
 searching decoded tokens.
+
+Limits (a :class:`~contllm.errors.SignalError` names the argument that breaks one):
+every time lies within +-:data:`MAX_TIME` (the model reads times as float32 positions);
+durations are finite and >= 0, of any size when the times are given explicitly (only
+their logarithm reaches the model). A position whose time sees no token of positive
+duration - every token deleted, or all durations 0 - has nothing to attend to: its
+output is undefined (0/0 in the attention integral), and evaluating it raises.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,9 +38,21 @@ Span = tuple[int, int]
 #: Time of the integration start; with it, unit durations give times 0, 1, 2, ...
 DEFAULT_START = -1.0
 
+#: Largest |time| a signal may hold. The model reads times as float32 positions, whose
+#: spacing is 1 from 2**23 (8.4e6) on and 2 past 2**24: beyond this bound the rotary angles
+#: (or learned-table rows) of neighbouring tokens can no longer be told apart, and at
+#: about 3.4e38 they overflow to inf and every output turns NaN. No real context comes
+#: near it (a model's max_position_embeddings is about 1e5 at most).
+MAX_TIME = 1e7
+
 
 def _as_float_vector(values: Any, name: str) -> torch.Tensor:
-    tensor = torch.as_tensor(values, dtype=torch.float64).detach().cpu()
+    if isinstance(values, (str, bytes)):
+        raise SignalError(f"{name} must be a 1-D sequence of numbers, got the string {values!r}")
+    try:
+        tensor = torch.as_tensor(values, dtype=torch.float64).detach().cpu()
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise SignalError(f"{name} must be a 1-D sequence of numbers, got {_describe(values)} ({err})") from err
     if tensor.ndim != 1:
         raise SignalError(f"{name} must be a 1-D sequence, got shape {tuple(tensor.shape)}")
     return tensor
@@ -44,6 +65,44 @@ def _check_durations(durations: torch.Tensor) -> None:
     if (durations < 0).any():
         bad = torch.nonzero(durations < 0).flatten().tolist()
         raise SignalError(f"durations must be >= 0; negative values at token indices {bad}")
+
+
+def _describe(value: Any) -> str:
+    """``value`` for an error message: its type and a short repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def _as_number(value: Any, name: str) -> float:
+    """``value`` as a float; SignalError naming ``name`` for strings, booleans and non-numbers."""
+    if isinstance(value, (str, bytes, bool)):
+        raise SignalError(f"{name} must be a number, got {_describe(value)}")
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise SignalError(f"{name} must be a number, got {_describe(value)}") from err
+
+
+def _as_index(value: Any, name: str) -> int:
+    """``value`` as an int (a Python, NumPy or 0-d torch integer); SignalError naming ``name`` otherwise."""
+    if isinstance(value, bool):
+        raise SignalError(f"{name} must be an integer, got {_describe(value)}")
+    try:
+        return operator.index(value)
+    except TypeError as err:
+        raise SignalError(f"{name} must be an integer, got {_describe(value)}") from err
+
+
+def _check_times(times: torch.Tensor) -> None:
+    """SignalError unless every time is finite and within +-MAX_TIME (names the first bad token)."""
+    bad = ~(times.abs() <= MAX_TIME)  # also true for NaN
+    if bad.any():
+        i = int(torch.nonzero(bad)[0])
+        raise SignalError(
+            f"token {i} would sit at time {float(times[i]):.6g}: times must lie within +-{MAX_TIME:g} "
+            "(contllm.signal.MAX_TIME; the model reads them as float32 positions, which cannot resolve "
+            "a time step beyond it); check the durations, times and start"
+        )
 
 
 def _unit_if_none(durations: Sequence[float] | torch.Tensor | None, n: int) -> Sequence[float] | torch.Tensor:
@@ -90,7 +149,11 @@ class Signal:
                 raise SignalError(f"{ids.shape[0]} token ids but {n} durations; the lengths must match")
             object.__setattr__(self, "token_ids", ids.long())
         if self.embeds is not None:
+            if not isinstance(self.embeds, torch.Tensor):
+                raise SignalError(f"embeds must be a torch.Tensor [tokens, hidden], got {_describe(self.embeds)}")
             embeds = self.embeds.detach()
+            if not embeds.is_floating_point():
+                raise SignalError(f"embeds must be a floating-point tensor, got {embeds.dtype}")
             if embeds.ndim != 2 or embeds.shape[0] != n:
                 raise SignalError(
                     f"embeds must have shape [tokens, hidden] with {n} tokens, got {tuple(embeds.shape)}"
@@ -105,8 +168,11 @@ class Signal:
             if not torch.isfinite(times).all():
                 raise SignalError("times must be finite")
             object.__setattr__(self, "explicit_times", times)
-        if not math.isfinite(self.start):
+        start = _as_number(self.start, "start")
+        if not math.isfinite(start):
             raise SignalError(f"start must be finite, got {self.start}")
+        object.__setattr__(self, "start", start)
+        _check_times(self.times)
         if self.offsets is not None and len(self.offsets) != n:
             raise SignalError(f"{len(self.offsets)} character offsets but {n} tokens")
 
@@ -120,8 +186,17 @@ class Signal:
         times: Sequence[float] | torch.Tensor | None = None,
         start: float = DEFAULT_START,
     ) -> Signal:
-        """A signal from token ids [tokens]; durations default to 1."""
-        ids = torch.as_tensor(token_ids)
+        """A signal from token ids [tokens]; durations default to 1.
+
+        The ids are checked against the vocabulary when the signal meets a model
+        (evaluated or embedded): SignalError for an id outside [0, vocab_size).
+        """
+        if isinstance(token_ids, (str, bytes)):
+            raise SignalError(f"token_ids must be a 1-D sequence of integers, got the string {token_ids!r}")
+        try:
+            ids = torch.as_tensor(token_ids)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as err:
+            raise SignalError(f"token_ids must be a 1-D sequence of integers, got {_describe(token_ids)}") from err
         if ids.ndim != 1:
             raise SignalError(f"token_ids must be 1-D, got shape {tuple(ids.shape)}")
         return cls(durations=_unit_if_none(durations, len(ids)), token_ids=ids, explicit_times=times, start=start)
@@ -135,7 +210,9 @@ class Signal:
         times: Sequence[float] | torch.Tensor | None = None,
         start: float = DEFAULT_START,
     ) -> Signal:
-        """A signal from input embeddings [tokens, hidden] given directly."""
+        """A signal from input embeddings [tokens, hidden] given directly (hidden: the model's width)."""
+        if not isinstance(embeds, torch.Tensor):
+            raise SignalError(f"embeds must be a torch.Tensor [tokens, hidden], got {_describe(embeds)}")
         if embeds.ndim != 2:
             raise SignalError(f"embeds must have shape [tokens, hidden], got {tuple(embeds.shape)}")
         return cls(durations=_unit_if_none(durations, embeds.shape[0]), embeds=embeds, explicit_times=times, start=start)
@@ -178,6 +255,8 @@ class Signal:
     def find(self, needle: str, *, whole_word: bool = True) -> list[Span]:
         """Character spans of every occurrence of ``needle`` in the text (left to right)."""
         text = self._require_text()
+        if not isinstance(needle, str):
+            raise SignalError(f"needle must be a string, got {_describe(needle)}")
         if not needle:
             raise SignalError("cannot search for an empty string")
         pattern = re.escape(needle)
@@ -209,29 +288,42 @@ class Signal:
 
     # ------------------------------------------------------------------ edits
     def scale(self, spans: Span | Iterable[Span], factor: float) -> Signal:
-        """Multiply the durations of the tokens overlapping ``spans`` by ``factor`` >= 0."""
+        """Multiply the durations of the tokens overlapping ``spans`` by ``factor`` >= 0.
+
+        spans: a pair of integer character offsets ``(start, end)`` or a list of them (as
+        :meth:`find` returns). The scaled times must stay within +-:data:`MAX_TIME`.
+        """
+        factor = _check_factor(factor)
         return self.scale_tokens(self.token_indices(spans), factor)
 
     def delete(self, spans: Span | Iterable[Span]) -> Signal:
-        """Give the tokens overlapping ``spans`` duration 0: present, but absent from attention."""
+        """Give the tokens overlapping ``spans`` duration 0: present, but absent from attention.
+
+        A position that then sees no token of positive duration (every token deleted)
+        has nothing to attend to; evaluating it raises SignalError.
+        """
         return self.scale(spans, 0.0)
 
     def scale_tokens(self, indices: Iterable[int], factor: float) -> Signal:
         """Multiply the durations of the tokens at ``indices`` by ``factor`` >= 0."""
-        factor = float(factor)
-        if not math.isfinite(factor) or factor < 0:
-            raise SignalError(f"a duration factor must be finite and >= 0, got {factor}")
+        factor = _check_factor(factor)
         idx = self._check_indices(indices)
         durations = self.durations.clone()
         durations[idx] = durations[idx] * factor
-        return replace(self, durations=durations)
+        try:
+            return replace(self, durations=durations)
+        except SignalError as err:
+            raise SignalError(f"scaling durations by factor {factor:g}: {err}") from err
 
     def with_durations(self, durations: Sequence[float] | torch.Tensor) -> Signal:
-        """The same tokens with new durations [tokens]."""
+        """The same tokens with new durations [tokens] (finite, >= 0; times within +-:data:`MAX_TIME`)."""
         return replace(self, durations=durations)
 
     def with_times(self, times: Sequence[float] | torch.Tensor | None) -> Signal:
-        """The same tokens at explicit times [tokens] (None: times follow the durations again)."""
+        """The same tokens at explicit times [tokens] (None: times follow the durations again).
+
+        Every time must lie within +-:data:`MAX_TIME`.
+        """
         return replace(self, explicit_times=times)
 
     def repeat(self, span: Span, count: int) -> Signal:
@@ -262,9 +354,37 @@ class Signal:
             return self
         assert self.token_ids is not None
         weight = next(embedding.parameters())
+        self.check_for_model(vocab_size=int(weight.shape[0]), hidden_size=int(weight.shape[-1]))
         with torch.no_grad():
             embeds = embedding(self.token_ids.to(weight.device)[None])[0]
         return replace(self, embeds=embeds)
+
+    def check_for_model(self, *, vocab_size: int, hidden_size: int, name: str = "signal") -> None:
+        """SignalError unless every token id lies in [0, vocab_size) and embeds are ``hidden_size`` wide."""
+        if self.token_ids is not None and len(self.token_ids):
+            ids = self.token_ids
+            bad = (ids < 0) | (ids >= vocab_size)
+            if bad.any():
+                i = int(torch.nonzero(bad)[0])
+                raise SignalError(
+                    f"{name}: token id {int(ids[i])} (token {i}) is outside the model's vocabulary of "
+                    f"{vocab_size} tokens; token_ids must lie in [0, {vocab_size})"
+                )
+        if self.embeds is not None and self.embeds.shape[1] != hidden_size:
+            raise SignalError(
+                f"{name}: embeds are {self.embeds.shape[1]} wide, but the model's hidden size is {hidden_size}; "
+                f"embeds must have shape [tokens, {hidden_size}]"
+            )
+
+    def blind_positions(self, indices: Iterable[int]) -> list[int]:
+        """The token ``indices`` whose time sees no token of positive duration (nothing to attend to)."""
+        positive = self.durations > 0
+        idx = list(indices)
+        if not positive.any():
+            return idx
+        times = self.times
+        blind = times[torch.tensor(idx, dtype=torch.long)] < times[positive].min()
+        return [i for i, b in zip(idx, blind.tolist()) if b]
 
     # ------------------------------------------------------------------ helpers
     def _require_text(self) -> str:
@@ -273,7 +393,9 @@ class Signal:
         return self.text
 
     def _check_indices(self, indices: Iterable[int]) -> list[int]:
-        idx = [int(i) for i in indices]
+        if isinstance(indices, (str, bytes)) or not isinstance(indices, Iterable):
+            raise SignalError(f"token indices must be a sequence of integers, got {_describe(indices)}")
+        idx = [_as_index(i, "a token index") for i in indices]
         n = len(self)
         for i in idx:
             if not -n <= i < n:
@@ -292,16 +414,46 @@ class Signal:
         )
 
 
+def _check_factor(factor: Any) -> float:
+    value = _as_number(factor, "a duration factor")
+    if not math.isfinite(value) or value < 0:
+        raise SignalError(f"a duration factor must be finite and >= 0, got {factor}")
+    return value
+
+
+def _is_pair(value: Any) -> bool:
+    """Whether ``value`` looks like one span: a 2-sequence of scalars (not of pairs)."""
+    return (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, (numbers.Number, str)) or (isinstance(v, torch.Tensor) and v.ndim == 0) for v in value)
+    )
+
+
+def _span(value: Any) -> Span:
+    bad = SignalError(
+        f"a character span is a pair of integer offsets (start, end), got {_describe(value)}; "
+        "spans come from Signal.find or are written as (start, end)"
+    )
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise bad
+    try:
+        return (_as_index(value[0], "start"), _as_index(value[1], "end"))
+    except SignalError:
+        raise bad from None
+
+
 def _span_list(spans: Span | Iterable[Span]) -> list[Span]:
-    if isinstance(spans, tuple) and len(spans) == 2 and all(isinstance(v, int) for v in spans):
-        return [spans]  # type: ignore[list-item]
-    out = [tuple(s) for s in spans]  # type: ignore[union-attr]
+    if isinstance(spans, (str, bytes)):
+        raise SignalError(f"spans must be (start, end) character offsets, got the string {spans!r}; use Signal.find")
+    if _is_pair(spans):
+        return [_span(spans)]
+    if not isinstance(spans, Iterable):
+        raise SignalError(f"spans must be a (start, end) pair or a list of them, got {_describe(spans)}")
+    out = [_span(s) for s in spans]
     if not out:
         raise SignalError("no character span given")
-    for s in out:
-        if len(s) != 2:
-            raise SignalError(f"a character span is a pair (start, end), got {s!r}")
-    return [(int(a), int(b)) for a, b in out]
+    return out
 
 
 @dataclass(frozen=True)

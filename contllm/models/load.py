@@ -7,6 +7,7 @@ Weights are read only from safetensors (or, through the cache, GGUF), never from
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import warnings
 from collections.abc import Mapping
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
-from contllm.families import family_of
+from contllm.families import FAMILIES, family_of
 from contllm.models.cache import cache_entry_problems, cache_root, read_record
 from contllm.models.conversion import ensure_cached
 from contllm.models.registry import (
@@ -118,6 +119,47 @@ def choose_attn_implementation(config: Any, requested: str | None = None) -> str
     return requested
 
 
+#: Packages that attention implementations outside contllm's backends would need.
+_ATTENTION_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+
+
+def check_attn_implementation(requested: Any) -> None:
+    """Refuse, before anything is read, an ``attn_implementation`` no supported family can use.
+
+    None (the family's default) and the backends of the family table ("eager", "sdpa")
+    pass; the family itself is checked later by :func:`choose_attn_implementation`.
+    Anything else raises UnsupportedModelError (ModelLoadError for a non-string), saying
+    which package it would need when that package is missing.
+    """
+    if requested is None:
+        return
+    if not isinstance(requested, str):
+        raise ModelLoadError(f"attn_implementation must be a string such as 'sdpa' or 'eager', got {requested!r}")
+    usable = sorted({b for f in FAMILIES for b in f.backends})
+    if requested in usable:
+        return
+    package = _ATTENTION_PACKAGES.get(requested)
+    missing = ""
+    if package is not None and importlib.util.find_spec(package) is None:
+        missing = f"it needs the {package} package, which is not installed; and "
+    raise UnsupportedModelError(
+        f"attn_implementation={requested!r}: {missing}it cannot take contllm's continuous-time mask "
+        f"(an additive float mask); use one of {', '.join(map(repr, usable))} or leave it unset"
+    )
+
+
+def _check_options(name: Any, cache_dir: Any, trust_remote_code: Any) -> None:
+    if not isinstance(name, (str, os.PathLike)):
+        raise ModelLoadError(
+            f"name must be an embedded alias, a local directory or a Hugging Face id (a str or path), got "
+            f"{type(name).__name__} {name!r}"
+        )
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise ModelLoadError(f"cache_dir must be a directory path or None, got {type(cache_dir).__name__} {cache_dir!r}")
+    if not isinstance(trust_remote_code, bool):
+        raise ModelLoadError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
+
+
 def _from_pretrained(
     location: str | Path,
     *,
@@ -195,11 +237,17 @@ def load_model(
     machine without one, it all stays on the CPU); max_memory (device -> size) limits
     what each device takes. A map that offloads weights (to the CPU next to GPUs, or to
     disk) is refused with ModelLoadError.
+
+    Every option is checked before anything is read or converted: ModelLoadError (or
+    UnsupportedModelError for an attention implementation, e.g. "flash_attention_2")
+    names the bad one.
     """
+    _check_options(name, cache_dir, trust_remote_code)
+    check_attn_implementation(attn_implementation)
     check_device_map(device_map, max_memory)
-    source = resolve(name)
     torch_dtype = parse_dtype(dtype)
     torch_device = resolve_device(device) if device_map is None else None
+    source = resolve(name)
     weights_sha = None
     location: str | Path
     if source.kind == "alias":
