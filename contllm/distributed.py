@@ -13,8 +13,8 @@ finished item into its own shard of the run directory (``shards/process-<rank>/`
 every shard is done the main process merges them into ``items/`` and writes the results,
 summary, manifest and figures exactly as a single-process run does.
 
-The processes exchange only item lists and short reports, so they talk over gloo (TCP)
-whatever the device: the GPUs are left to the models, a node needs no NCCL set-up, and a
+The processes exchange only item lists and short reports, as JSON (never pickles), so
+they talk over gloo (TCP) whatever the device: the GPUs are left to the models, a node needs no NCCL set-up, and a
 process that spreads its model over several GPUs (``device_map="auto"``) needs no device
 of its own for the collectives.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import json
 import os
 import platform
 from collections.abc import Iterator, Sequence
@@ -140,22 +141,30 @@ class Processes:
                 yield
 
     def broadcast(self, value: T) -> T:
-        """The main process's ``value``, in every process (any picklable object)."""
+        """The main process's ``value`` (JSON data: numbers, strings, lists, dicts), in every process."""
         if self._state is None:
             return value
-        from accelerate.utils import broadcast_object_list
+        import torch.distributed as dist
 
-        box = [value if self.is_main else None]
-        broadcast_object_list(box, from_process=0)
-        return box[0]
+        payload = _to_bytes(value) if self.is_main else b""
+        return _from_bytes(_broadcast_bytes(dist, payload))
 
     def gather(self, value: T) -> list[T]:
-        """Every process's ``value``, in rank order, returned in every process."""
+        """Every process's ``value`` (JSON data), in rank order, returned in every process."""
         if self._state is None:
             return [value]
-        from accelerate.utils import gather_object
+        import torch
+        import torch.distributed as dist
 
-        return list(gather_object([value]))
+        data = _to_bytes(value)
+        sizes = [torch.zeros(1, dtype=torch.long) for _ in range(self.world_size)]
+        dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.long))
+        longest = max(int(n) for n in sizes)
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        boxes = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.world_size)]
+        dist.all_gather(boxes, mine)
+        return [_from_bytes(bytes(box[: int(n)].tolist())) for box, n in zip(boxes, sizes)]
 
     def share(self, items: Sequence[T]) -> list[T]:
         """This process's contiguous share of ``items`` (the same list in every process).
@@ -186,6 +195,29 @@ class Processes:
             "threads": self.threads,
             "items": items,
         }
+
+
+def _to_bytes(value: Any) -> bytes:
+    # Control messages are plain JSON, never pickles: a peer on the rendezvous network can
+    # send data, not code.
+    return json.dumps(value).encode("utf-8")
+
+
+def _from_bytes(data: bytes) -> Any:
+    return json.loads(data.decode("utf-8"))
+
+
+def _broadcast_bytes(dist: Any, payload: bytes) -> bytes:
+    """``payload`` of rank 0, in every process: its length first, then the bytes (gloo tensors)."""
+    import torch
+
+    size = torch.tensor([len(payload)], dtype=torch.long)
+    dist.broadcast(size, src=0)
+    buffer = torch.zeros(int(size), dtype=torch.uint8)
+    if payload:
+        buffer[:] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    dist.broadcast(buffer, src=0)
+    return bytes(buffer.tolist())
 
 
 _started: Processes | None = None

@@ -14,6 +14,7 @@ model loads, and everything that needs the model is checked before anything is w
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,43 +32,48 @@ def _quiet(message: str) -> None:
     """Where news goes when nobody listens."""
 
 
-def run(
+@dataclass
+class Plan:
+    """A run checked before anything loads or is written: what to compute and how to keep it."""
+
+    experiment: Any
+    config: Any
+    resolved: dict[str, Any]  # what config.json records, and what --resume must match
+    chosen: list[str]  # the item ids, in order
+    item_figures: bool = True
+    max_batch_tokens: int | None = None
+    device_map: str | None = None
+    progress: bool = False
+    say: Say = _quiet
+
+    @property
+    def name(self) -> str:
+        return str(self.resolved["experiment"])
+
+    @property
+    def model(self) -> str:
+        return str(self.resolved["model"])
+
+
+def plan(
     name: str,
     *,
     options: Mapping[str, Any] | None = None,
     config: Any = None,
     model: str = DEFAULT_MODEL,
-    lm: Any = None,
     items: str | int | None = None,
-    out: str | Path | None = None,
-    resume: bool = False,
-    force: bool = False,
     seed: int = 0,
-    device: str = "auto",
     dtype: str | None = None,
     item_figures: bool = True,
     max_batch_tokens: int | None = None,
     device_map: str | None = None,
     say: Say | None = None,
     progress: bool = False,
-) -> Path:
-    """Run experiment ``name`` into a run directory; returns its path.
-
-    options: option values by name, as typed on the command line or in a spec (None:
-    defaults); or config: the experiment's config dataclass itself. model: what to load
-    (and how config.json names it); lm: an already loaded model (then ``model`` only
-    names it). items: the first N items or comma-separated ids. out: the run directory
-    (default runs/<name>-<model>-<time>); resume: continue the run there; force: replace
-    the run there. max_batch_tokens, device_map: engine experiments only. say: where
-    news lines go (None: nowhere). progress: draw a progress bar on stderr.
-    Raises a ContllmError subclass for bad input, before anything is written.
-    """
-    import torch
-
-    from contllm.distributed import device_map_memory, launch_size, start_processes
+) -> Plan:
+    """Check everything about a run that needs no model and no file; ExperimentError otherwise."""
+    from contllm.distributed import launch_size
     from contllm.models import check_device_map
 
-    say = say or _quiet
     experiment = registry.get(name)
     if config is not None and options:
         raise ExperimentError("give either options or a config, not both")
@@ -95,99 +101,148 @@ def run(
     }
     if experiment.engine:  # the chunking changes float summation order: a resumed run must keep it
         resolved["max_batch_tokens"] = max_batch_tokens
-    procs = start_processes(device, device_map=device_map)
-    echo = say if procs.is_main else _quiet
+    return Plan(experiment, config, resolved, chosen, item_figures, max_batch_tokens, device_map, progress, say or _quiet)
+
+
+def run(
+    name: str,
+    *,
+    lm: Any = None,
+    out: str | Path | None = None,
+    resume: bool = False,
+    force: bool = False,
+    device: str = "auto",
+    **settings: Any,
+) -> Path:
+    """Run experiment ``name`` into a run directory; returns its path.
+
+    settings (see :func:`plan`): options (option values by name, as typed on the command
+    line or in a spec; None: defaults) or config (the experiment's config dataclass),
+    model (what to load, and how config.json names it; default the embedded SmolLM2),
+    items (the first N or comma-separated ids), seed, dtype, item_figures,
+    max_batch_tokens and device_map (engine experiments), say (where news lines go),
+    progress (a progress bar on stderr). lm: an already loaded model (then ``model``
+    only names it). out: the run directory (default runs/<name>-<model>-<time>);
+    resume: continue the run there; force: replace the run there.
+    Raises a ContllmError subclass for bad input, before anything is written.
+    """
+    import torch
+
+    from contllm.distributed import device_map_memory, start_processes
+
+    checked = plan(name, **settings)
+    procs = start_processes(device, device_map=checked.device_map)
+    echo = checked.say if procs.is_main else _quiet
     # The default name holds the time, which the processes must agree on.
-    out = procs.broadcast(Path(out) if out is not None else default_out(name, model))
-    run_dir = RunDir(out, resolved, resume=resume, force=force)
+    out = Path(procs.broadcast(str(out if out is not None else default_out(name, checked.model))))
+    run_dir = RunDir(out, checked.resolved, resume=resume, force=force)
     procs.barrier()  # every process has checked the directory before the main one writes to it
-    torch.manual_seed(seed)
+    torch.manual_seed(checked.resolved["seed"])
     if lm is None:
         placement: dict[str, Any] = {}
-        if device_map is not None:
-            placement = {"device_map": device_map, "max_memory": device_map_memory(procs)}
+        if checked.device_map is not None:
+            placement = {"device_map": checked.device_map, "max_memory": device_map_memory(procs)}
         with procs.main_first():  # an embedded model is converted into the cache once
-            lm = load_for_run(model, device=procs.device or device, dtype=dtype, say=echo, **placement)
-    experiment.check(lm, config)
+            lm = load_for_run(checked.model, device=procs.device or device, dtype=checked.resolved["dtype"],
+                              say=echo, **placement)
+    checked.experiment.check(lm, checked.config)
     try:
-        return _lifecycle(experiment, name, config, lm, run_dir, procs, chosen, resolved, echo, say, progress,
-                          max_batch_tokens=max_batch_tokens, device_map=device_map, item_figures=item_figures)
+        return _Execution(checked, lm, run_dir, procs, echo).run()
     finally:
         run_dir.close()
 
 
-def _lifecycle(experiment: Any, name: str, config: Any, lm: Any, run_dir: RunDir, procs: Any, chosen: list[str],
-               resolved: dict[str, Any], echo: Say, say: Say, progress: bool, *, max_batch_tokens: int | None,
-               device_map: str | None, item_figures: bool) -> Path:
-    """Open the checked run directory, compute what is missing, and write the outputs."""
-    model, items, seed = resolved["model"], resolved["items"], resolved["seed"]
-    done: dict[str, Any] = {}
-    if procs.is_main:
+class _Execution:
+    """One run of a checked plan: open the directory, compute what is missing, write the outputs."""
+
+    def __init__(self, plan: Plan, lm: Any, run_dir: RunDir, procs: Any, echo: Say) -> None:
+        self.plan, self.lm, self.run_dir, self.procs, self.echo = plan, lm, run_dir, procs, echo
+        self.evaluate = None
+        if plan.experiment.engine:
+            from contllm.engine import Engine
+
+            self.evaluate = Engine(lm, max_batch_tokens=plan.max_batch_tokens).probs
+
+    def run(self) -> Path:
+        plan, procs, run_dir = self.plan, self.procs, self.run_dir
+        done = self.open() if procs.is_main else {}
+        if procs.launched:
+            result = self.shared(done)
+            if result is None:  # not the main process: its share is on disk
+                return run_dir.path
+        else:
+            result = self.compute(plan.resolved["items"], done, plan.name, True)
+        summary = save(result, run_dir.path, item_figures=plan.item_figures, name=plan.name)
+        run_dir.write_manifest({"status": "finished", "finished": now(), "items": len(plan.chosen)})
+        for key, value in summary.items():
+            if isinstance(value, float):
+                self.echo(f"  {key}: {value:.4g}")
+        return run_dir.path
+
+    def open(self) -> dict[str, Any]:
+        """Open the directory, write the manifest; the records a previous run finished, by item id."""
+        plan, procs, run_dir = self.plan, self.procs, self.run_dir
         run_dir.open()
         where = f" with {procs.world_size} processes" if procs.launched else ""
-        echo(f"{'resuming' if run_dir.resumed else 'writing'} {name} on {model} -> {run_dir.path}{where}")
-        manifest = base_manifest(lm, model)
-        if experiment.engine and _is_half(lm):  # the engine keeps everything between the matmuls in float32
+        self.echo(f"{'resuming' if run_dir.resumed else 'writing'} {plan.name} on {plan.model} -> {run_dir.path}{where}")
+        manifest = base_manifest(self.lm, plan.model)
+        if plan.experiment.engine and _is_half(self.lm):  # the engine keeps everything between the matmuls in float32
             manifest["state_dtype"] = "float32"
-        if device_map is not None:
-            manifest["device_map"] = device_map
+        if plan.device_map is not None:
+            manifest["device_map"] = plan.device_map
         if procs.launched or run_dir.resumed:
             manifest["processes"] = procs.describe()
         run_dir.write_manifest({**manifest, "status": "running"})
+        done: dict[str, Any] = {}
         if run_dir.resumed:
             run_dir.merge_shards()
-            done = run_dir.finished(experiment.decode)
+            done = run_dir.finished(plan.experiment.decode)
         if done:
-            echo(f"{len(done)} {experiment.unit}s already finished; skipping them")
-    evaluate = None
-    if experiment.engine:
-        from contllm.engine import Engine
+            self.echo(f"{len(done)} {plan.experiment.unit}s already finished; skipping them")
+        return done
 
-        evaluate = Engine(lm, max_batch_tokens=max_batch_tokens).probs
+    def compute(self, selection: str | int | None, skip: Mapping[str, Any], label: str, show: bool) -> Any:
+        """The result over ``selection``, each new record saved as it is finished."""
+        plan = self.plan
 
-    def keep(item_id: str, record: Any) -> None:
-        run_dir.save_record(item_id, experiment.encode(record))
+        def keep(item_id: str, record: Any) -> None:
+            self.run_dir.save_record(item_id, plan.experiment.encode(record))
 
-    def compute(selection: str | int | None, skip: Mapping[str, Any], label: str, show: bool) -> Any:
         return _with_progress(
             label,
-            show and progress,
+            show and plan.progress,
             lambda tick: run_experiment(
-                lm, name, config, items=selection, evaluate=evaluate, skip=skip, on_record=keep,
-                progress=tick, model_name=model, seed=seed, say=echo,
+                self.lm, plan.name, plan.config, items=selection, evaluate=self.evaluate, skip=skip,
+                on_record=keep, progress=tick, model_name=plan.model, seed=plan.resolved["seed"], say=self.echo,
             ),
         )
 
-    if procs.launched:
-        pending = procs.broadcast([i for i in chosen if i not in done] if procs.is_main else None)
+    def shared(self, done: dict[str, Any]) -> Any:
+        """Under a launch: this process's share of the missing items; the main process then merges and assembles."""
+        plan, procs, run_dir = self.plan, self.procs, self.run_dir
+        unit = plan.experiment.unit
+        pending = procs.broadcast([i for i in plan.chosen if i not in done] if procs.is_main else None)
         mine = procs.share(pending)
         run_dir.use_shard(procs.rank)
-        say(f"process {procs.rank + 1} of {procs.world_size}: {len(mine)} of {len(pending)} unfinished {experiment.unit}s")
+        plan.say(f"process {procs.rank + 1} of {procs.world_size}: {len(mine)} of {len(pending)} unfinished {unit}s")
         if mine:
-            compute(",".join(mine), {}, f"{name} [{procs.rank + 1}/{procs.world_size}]", procs.is_main)
+            self.compute(",".join(mine), {}, f"{plan.name} [{procs.rank + 1}/{procs.world_size}]", procs.is_main)
         # Returns once every process has finished its share (and so written its records).
         shards = procs.gather(procs.report(len(mine)))
         if not procs.is_main:
-            return run_dir.path
+            return None
         run_dir.merge_shards()
-        done = run_dir.finished(experiment.decode)
-        missing = [i for i in chosen if i not in done]
+        done = run_dir.finished(plan.experiment.decode)
+        missing = [i for i in plan.chosen if i not in done]
         if missing:
             raise RunDirectoryError(
-                f"{len(missing)} {experiment.unit}(s) have no record after every process finished "
+                f"{len(missing)} {unit}(s) have no record after every process finished "
                 f"(first: {missing[0]}); continue with --resume"
             )
         run_dir.write_manifest({"processes": {**procs.describe(), "shards": shards}})
         # Every item is in `done`, so this only assembles the records in the items' order.
-        result = run_experiment(lm, name, config, items=items, skip=done, model_name=model, seed=seed)
-    else:
-        result = compute(items, done, name, True)
-    summary = save(result, run_dir.path, item_figures=item_figures, name=name)
-    run_dir.write_manifest({"status": "finished", "finished": now(), "items": len(chosen)})
-    for key, value in summary.items():
-        if isinstance(value, float):
-            echo(f"  {key}: {value:.4g}")
-    return run_dir.path
+        return run_experiment(self.lm, plan.name, plan.config, items=plan.resolved["items"], skip=done,
+                              model_name=plan.model, seed=plan.resolved["seed"])
 
 
 def _is_half(lm: Any) -> bool:

@@ -48,6 +48,8 @@ from contllm.pde.result import CSV_COLUMNS, PROFILE_COLUMNS, PDEResult, check_re
 
 DEFAULT_TIMES: tuple[float, ...] = (0.0, 0.1, 0.4, 1.0, 4.0, 16.0, 64.0, 256.0)
 VARIANTS = ("attention", "matched", "hidden")
+#: Largest T of the reaction dynamics: 10,000 explicit steps per row at unit spacing.
+MAX_REACTION_T = 2500.0
 SWEPT_KINDS = ("diffusion", "wave", "reaction")
 #: The text's fewest tokens for a distance profile worth fitting.
 MIN_TEXT_TOKENS = 8
@@ -149,6 +151,11 @@ class PDEConfig:
                 raise ExperimentError(f"pseudo-times {other!r} and {t!r} are too close to tell apart in point ids (T{t:g})")
         if self.dynamics not in SWEPT_KINDS:
             raise ExperimentError(f"dynamics must be one of {', '.join(SWEPT_KINDS)}, got {self.dynamics!r}")
+        if self.dynamics == "reaction" and self.times[-1] > MAX_REACTION_T:
+            raise ExperimentError(
+                f"reaction steps every row explicitly (T / 0.25 steps or more), so T must be at most "
+                f"{MAX_REACTION_T:g}; got {self.times[-1]:g}"
+            )
         if self.spacing not in SPACINGS:
             raise ExperimentError(f"spacing must be one of {', '.join(SPACINGS)}, got {self.spacing!r}")
         variants = self.variants.split(",") if isinstance(self.variants, str) else list(self.variants)

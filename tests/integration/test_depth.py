@@ -86,3 +86,12 @@ def test_small_depth_run_writes_its_run_directory(real_lm: ContinuousLM, tmp_pat
     assert all(p["earlier_max_abs"] == 0.0 for p in summary["propagation"])
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "finished" and manifest["model"] == name
+    # contllm report reads a depth run like any other: its headline numbers, no comparison figure.
+    from contllm.report import write_report
+
+    written = write_report([out], tmp_path / "report")
+    assert sorted(p.name for p in written) == ["summary.csv", "summary.md"]
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert f"# depth: {name}" in md and "| run | model | experiment | items |" in md
+    numbers = [k for k, v in summary.items() if isinstance(v, float)]
+    assert numbers and all(k in md for k in numbers)

@@ -1,0 +1,83 @@
+"""Every experiment, killed with SIGKILL midway and resumed, ends bitwise equal to an uninterrupted run.
+
+The one runner owns resume for all of them, so this is one test over the registry's
+experiments, each on a small selection of the default model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CONTLLM = [sys.executable, "-m", "contllm"]
+#: Small runs whose records each take a moment, so that a kill lands between two of them.
+RUNS = {
+    "counting": ["--items", "6", "--samples", "4"],
+    "events": ["--items", "4", "--samples", "3"],
+    "boolean": ["--items", "6", "--samples", "3", "--operators", "AND,XOR"],
+    "depth": ["--items", "3", "--layer", "0,-1", "--eps", "0.01", "--alphas", "0,1"],
+    "pde": ["--times", "0,1,4", "--variants", "attention,matched", "--prompts", "2"],
+}
+#: Fields that say when or how a run went, not what it computed.
+CLOCK_FIELDS = {"started", "finished", "resumed", "processes", "command", "seconds"}
+
+
+def environment() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def contents(run: Path) -> dict[str, bytes]:
+    """Every file of a run directory but the manifest (compared apart) and figures (matplotlib stamps dates)."""
+    return {
+        str(p.relative_to(run)): p.read_bytes()
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.name != "manifest.json" and "figures" not in p.parts
+    }
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_a_killed_run_resumes_to_the_uninterrupted_result(name: str, tmp_path: Path) -> None:
+    args = ["run", name, *RUNS[name], "--no-item-figures"]
+    whole = tmp_path / "whole"
+    done = subprocess.run([*CONTLLM, *args, "--out", str(whole)], capture_output=True, text=True, env=environment(), timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    total = len(list((whole / "items").glob("*.json")))
+    assert total >= 3
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([*CONTLLM, *args, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=environment())
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if any((out / "items").glob("*.json")):
+            break
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before it could be killed: {proc.stderr.read().decode()[-1000:]}")
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    kept = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / "items").glob("*.json")}
+    assert 1 <= len(kept) < total, f"{len(kept)} of {total} records before the kill"
+    assert not (out / "summary.json").exists()
+
+    resumed = subprocess.run([*CONTLLM, *args, "--out", str(out), "--resume"], capture_output=True, text=True,
+                             env=environment(), timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"{len(kept)} " in resumed.stderr and "already finished" in resumed.stderr
+    for record, (mtime, data) in kept.items():  # finished work is read back, not recomputed
+        path = out / "items" / record
+        assert (path.stat().st_mtime_ns, path.read_bytes()) == (mtime, data), record
+    assert contents(out) == contents(whole)
+    ours, theirs = (json.loads((run / "manifest.json").read_text()) for run in (out, whole))
+    assert ours["status"] == theirs["status"] == "finished"
+    assert {k: v for k, v in ours.items() if k not in CLOCK_FIELDS} == {k: v for k, v in theirs.items() if k not in CLOCK_FIELDS}
+    assert not list(out.rglob(".*.tmp*")) and not (out / ".lock").exists()

@@ -1,0 +1,160 @@
+"""Bad input on the command line and in spec files: one line, exit status 2, and nothing on disk changes.
+
+Every case here is refused before a model loads, so the table runs in the unit tier. The
+output root holds a finished-looking run and a file of the user's; after each refused
+command every byte and every modification time under it is as before.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from contllm.cli import app
+
+pytestmark = pytest.mark.unit
+
+CLI_CASES = [
+    # experiments and run options
+    (["run", "juggling"], "unknown experiment 'juggling'"),
+    (["run", "counting", "--samples", "ten"], "--samples must be an integer"),
+    (["run", "counting", "--samples", "0"], "samples must be an integer >= 1"),
+    (["run", "counting", "--samples", "-3"], "samples must be an integer >= 1"),
+    (["run", "counting", "--samples", "10000000"], "samples must be at most 10000"),
+    (["run", "counting", "--samples", "1"], "one sample needs a range with min == max"),
+    (["run", "counting", "--range", "0.5,0.5"], "range 0.5,0.5 holds one value"),
+    (["run", "counting", "--range", "nan,1"], "--range must be finite"),
+    (["run", "counting", "--range", "0.1,inf"], "--range must be finite"),
+    (["run", "counting", "--range", "1,2,3"], "--range must be 'MIN,MAX'"),
+    (["run", "counting", "--range", "a,b"], "--range must be two numbers"),
+    (["run", "counting", "--range", "2,1"], "range min 2.0 is larger than max 1.0"),
+    (["run", "counting", "--range", "0,1"], "duration factors must be positive"),
+    (["run", "counting", "--template", "{words"], "malformed template"),
+    (["run", "counting", "--template", "plain"], "the template has no {words} field"),
+    (["run", "counting", "--items", "0"], "item count must be positive"),
+    (["run", "counting", "--items", "999"], "asked for 999 items but the dataset has 130"),
+    (["run", "counting", "--items", "count-001,nope"], "unknown item id 'nope'"),
+    (["run", "counting", "--items", ","], "item spec lists no ids"),
+    (["run", "counting", "--seed", "abc"], "'abc' is not a valid integer"),
+    (["run", "counting", "--max-batch-tokens", "0"], "--max-batch-tokens must be an integer >= 1"),
+    (["run", "counting", "--max-batch-tokens", "-5"], "--max-batch-tokens must be an integer >= 1"),
+    (["run", "counting", "--device-map", "everywhere"], "unknown device_map 'everywhere'"),
+    (["run", "counting", "--event", "2"], "option(s) --event do not apply to the counting experiment"),
+    (["run", "counting", "--eps", "0.1"], "option(s) --eps do not apply to the counting experiment"),
+    (["run", "counting", "--resume", "--force"], "--resume and --force contradict each other"),
+    (["run", "events", "--event", "-1"], "event must be 0"),
+    (["run", "events", "--event", "99"], "event 99 does not exist"),
+    (["run", "events", "--event", "two"], "--event must be an integer"),
+    (["run", "boolean", "--operators", "AND"], "at least two different operators"),
+    (["run", "boolean", "--operators", "AND,NOPE"], "unknown Boolean operator 'NOPE'"),
+    (["run", "boolean", "--method", "cubic"], "method must be 'linear' or 'slerp'"),
+    (["run", "boolean", "--range", "-0.5,1"], "alpha range must lie within 0,1"),
+    (["run", "boolean", "--template", "{a} {b}"], "the template has no {op} field"),
+    (["run", "depth", "--eps", "0"], "eps"),
+    (["run", "depth", "--eps", "small"], "eps must be a number"),
+    (["run", "depth", "--alphas", "3"], "alpha"),
+    (["run", "depth", "--layer", "a"], "layer must be an integer"),
+    (["run", "depth", "--items", "nowhere"], "unknown item id 'nowhere'"),
+    (["run", "depth", "--max-batch-tokens", "64"], "option(s) --max-batch-tokens do not apply to the depth experiment"),
+    (["run", "pde", "--times", "-1"], "pseudo-times must be finite and >= 0"),
+    (["run", "pde", "--times", "nan"], "times must be a finite number"),
+    (["run", "pde", "--dynamics", "reaction", "--times", "1e9"], "T must be at most 2500"),
+    (["run", "pde", "--dynamics", "explosion"], "dynamics must be one of"),
+    (["run", "pde", "--variants", "colour"], "unknown variant(s) colour"),
+    (["run", "pde", "--long-range", "0"], "long_range must be >= 1"),
+    (["run", "pde", "--spacing", "log"], "spacing must be one of"),
+    (["run", "pde", "--items", "stock-T7"], "unknown item id 'stock-T7'"),
+    (["run", "pde", "--samples", "3"], "option(s) --samples do not apply to the pde experiment"),
+    (["report"], "Missing argument"),
+]
+
+SPEC_CASES = [
+    ("models = [", "is not valid TOML"),
+    ("colour = 3\n[[experiment]]\nname = 'counting'\n", "unknown key(s) colour"),
+    ("models = []\n[[experiment]]\nname = 'counting'\n", "'models' must be a non-empty list"),
+    ("models = [3]\n[[experiment]]\nname = 'counting'\n", "'models' must be a non-empty list"),
+    ("[[experiment]]\nname = 'juggling'\n", "name must be one of counting, events, boolean, depth, pde"),
+    ("[[experiment]]\nname = 'counting'\nlabel = '..'\n", "label '..' must be a plain directory name"),
+    ("[[experiment]]\nname = 'counting'\nlabel = '../escape'\n", "must be a plain directory name"),
+    ("[[experiment]]\nname = 'counting'\nlabel = 7\n", "label 7 must be a plain directory name"),
+    ("[[experiment]]\nname = 'counting'\nsamples = 'ten'\n", "--samples must be an integer, got 'ten'"),
+    ("[[experiment]]\nname = 'counting'\nsamples = 3.7\n", "--samples must be an integer, got 3.7"),
+    ("[[experiment]]\nname = 'counting'\nsamples = true\n", "--samples must be an integer, got True"),
+    ("[[experiment]]\nname = 'counting'\nsamples = 100000000\n", "samples must be at most 10000"),
+    ("[[experiment]]\nname = 'counting'\nchat = 'no'\n", "--chat must be true or false"),
+    ("seed = 'abc'\n[[experiment]]\nname = 'counting'\n", "'seed' must be an integer"),
+    ("out = 42\n[[experiment]]\nname = 'counting'\n", "'out' must be a string"),
+    ("dtype = 16\n[[experiment]]\nname = 'counting'\n", "'dtype' must be a string"),
+    ("item_figures = 'no'\n[[experiment]]\nname = 'counting'\n", "'item_figures' must be true or false"),
+    ("max_batch_tokens = -5\n[[experiment]]\nname = 'counting'\n", "'max_batch_tokens' must be >= 1"),
+    ("[[experiment]]\nname = 'counting'\nitems = 1.5\n", "'items' must be a count or a string of ids"),
+    ("[[experiment]]\nname = 'counting'\nrange = [0.2]\n", "must be 'MIN,MAX'"),
+    ("[[experiment]]\nname = 'events'\nevent = 99\n", "event 99 does not exist"),
+    ("[[experiment]]\nname = 'boolean'\noperators = 'AND'\n", "at least two different operators"),
+    ("[[experiment]]\nname = 'pde'\ntimes = [1, -2]\n", "pseudo-times must be finite and >= 0"),
+    ("[[experiment]]\nname = 'depth'\nsamples = 3\n", "unknown key(s) samples"),
+]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """An output root that holds a finished-looking run and a file of the user's."""
+    run = tmp_path / "root" / "smollm2-135m" / "counting"
+    (run / "items").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"experiment": "counting", "model": "smollm2-135m"}))
+    (run / "manifest.json").write_text(json.dumps({"status": "finished"}))
+    (run / "items" / "count-001.json").write_text('{"id": "count-001", "record": {}}')
+    (tmp_path / "root" / "notes.txt").write_text("keep me")
+    return tmp_path / "root"
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else b"")
+            for p in sorted(root.rglob("*"))}
+
+
+def refused(result, needle: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args,needle", CLI_CASES, ids=[" ".join(a[:3]) for a, _ in CLI_CASES])
+def test_a_bad_command_line_is_one_line_and_changes_nothing(args: list[str], needle: str, root: Path) -> None:
+    before = snapshot(root)
+    out = ["--out", str(root / "new")] if args[0] == "run" and len(args) > 1 else []
+    result = CliRunner().invoke(app, [*args, *out])
+    if args == ["report"]:  # a usage error of Typer's own command: exit 2, and still nothing written
+        assert result.exit_code == 2 and needle in result.output
+    else:
+        refused(result, needle)
+        assert result.output.startswith("error: ")
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("text,needle", SPEC_CASES)
+def test_a_bad_spec_is_one_line_and_changes_nothing(text: str, needle: str, root: Path, tmp_path: Path) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(text)
+    before = snapshot(root)
+    refused(CliRunner().invoke(app, ["run", str(spec), "--out", str(root)]), needle)
+    assert snapshot(root) == before
+
+
+def test_force_into_a_directory_of_other_runs_changes_nothing(root: Path) -> None:
+    (root / "config.json").write_text(json.dumps({"experiment": "counting", "model": "m"}))
+    before = snapshot(root)
+    refused(CliRunner().invoke(app, ["run", "counting", "--out", str(root), "--force"]), "it holds other runs")
+    assert snapshot(root) == before
+
+
+def test_force_over_a_run_of_another_experiment_changes_nothing(root: Path) -> None:
+    run = root / "smollm2-135m" / "counting"
+    before = snapshot(root)
+    refused(CliRunner().invoke(app, ["run", "events", "--out", str(run), "--force"]), "it is a run of 'counting'")
+    assert snapshot(root) == before
