@@ -158,3 +158,10 @@ def test_force_over_a_run_of_another_experiment_changes_nothing(root: Path) -> N
     before = snapshot(root)
     refused(CliRunner().invoke(app, ["run", "events", "--out", str(run), "--force"]), "it is a run of 'counting'")
     assert snapshot(root) == before
+
+
+def test_an_out_under_a_file_is_refused_before_anything_loads(root: Path) -> None:
+    before = snapshot(root)
+    result = CliRunner().invoke(app, ["run", "counting", "--out", str(root / "notes.txt" / "run")])
+    refused(result, "notes.txt is not a directory")
+    assert "loaded" not in result.output and snapshot(root) == before

@@ -82,3 +82,30 @@ def test_a_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
     out = finished_run(tmp_path / "run")
     with pytest.raises(RunDirectoryError, match="its config differs in max_batch_tokens"):
         RunDir(out, {**config(), "max_batch_tokens": 4096}, resume=True)
+
+
+def test_the_manifest_names_the_host_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from contllm.runs import base_manifest
+
+    lm = SimpleNamespace(
+        info=SimpleNamespace(sha256="0" * 64, source=""), model=SimpleNamespace(config=SimpleNamespace(model_type="llama")),
+        family=SimpleNamespace(name="llama"), device=torch.device("cpu"), dtype=torch.float32, attn_implementation="sdpa",
+    )
+    monkeypatch.delenv("CONTLLM_RECORD_HOST", raising=False)
+    manifest = base_manifest(lm, "m")
+    assert "host" not in manifest and manifest["cpu"]["capability"] and manifest["command"]
+    monkeypatch.setenv("CONTLLM_RECORD_HOST", "1")
+    assert base_manifest(lm, "m")["host"]
+
+
+def test_launch_messages_are_json_never_pickles() -> None:
+    from contllm.distributed import _from_bytes, _to_bytes
+
+    message = {"pending": ["count-001", "count-002"], "rank": 1}
+    assert _to_bytes(message) == json.dumps(message).encode() and _from_bytes(_to_bytes(message)) == message
+    with pytest.raises(TypeError):  # an object that only a pickle could carry is not sent
+        _to_bytes(Path("/tmp"))
