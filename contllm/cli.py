@@ -105,7 +105,8 @@ def experiment_command(name: str) -> click.Command:
         given = {k: v for k, v in values.items() if k not in run_keys}
         common = {k: v for k, v in values.items() if k in run_keys}
         path = _guarded(lambda: run(name, options=given, say=_say, progress=True, **common))
-        click.echo(str(path))
+        if _is_main_process():  # under a launch every process returns the path; one prints it
+            click.echo(str(path))
 
     return _OneLineCommand(
         name,
@@ -122,8 +123,10 @@ def spec_command(path: str) -> click.Command:
     def callback(out: Path | None, resume: bool, force: bool, device: str | None, dtype: str | None) -> None:
         from contllm.spec import run_spec
 
-        for written in _guarded(lambda: run_spec(Path(path), out=out, resume=resume, force=force, device=device, dtype=dtype, say=_say)):
-            click.echo(str(written))
+        written = _guarded(lambda: run_spec(Path(path), out=out, resume=resume, force=force, device=device, dtype=dtype, say=_say))
+        if _is_main_process():
+            for run_dir in written:
+                click.echo(str(run_dir))
 
     return _OneLineCommand(
         path,
@@ -138,6 +141,12 @@ def spec_command(path: str) -> click.Command:
         callback=callback,
         help="Run every (model, experiment) of a spec file.",
     )
+
+
+def _is_main_process() -> bool:
+    from contllm.distributed import start_processes
+
+    return start_processes().is_main
 
 
 def _is_spec(name: str) -> bool:
