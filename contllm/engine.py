@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import torch
-from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from contllm.errors import SignalError, UnsupportedModelError

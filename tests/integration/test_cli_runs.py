@@ -5,10 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -63,33 +61,4 @@ def test_bfloat16_run_records_its_float32_state(tmp_path: Path) -> None:
     assert len(rows) == 3 * 10 and all(0.0 <= float(r["probability"]) <= 1.0 for r in rows)
 
 
-def test_a_killed_run_resumes_without_recomputing_or_duplicating(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    args = ["run", "counting", "--items", "10", "--samples", "6", "--out", str(out), "--no-item-figures"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([*CONTLLM, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    items = out / "items"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if items.is_dir() and len(list(items.glob("*.json"))) >= 3:
-            break
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended before it could be killed: {proc.stderr.read().decode()[-500:]}")
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    finished = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in items.glob("*.json")}
-    assert 3 <= len(finished) < 10
-    assert not (out / "results.csv").exists()
-
-    resumed = run_cli(*args, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"{len(finished)} items already finished" in resumed.stderr
-    for name, (mtime, content) in finished.items():
-        path = items / name
-        assert path.stat().st_mtime_ns == mtime and path.read_bytes() == content, name
-    rows = read_rows(out / "results.csv")
-    keys = [(r["item"], r["factor"], r["label"]) for r in rows]
-    assert len(keys) == len(set(keys)) == 10 * 6 * 10
-    assert len({r["item"] for r in rows}) == 10
-    assert json.loads((out / "manifest.json").read_text())["status"] == "finished"
+# A killed and resumed run of every experiment: tests/integration/test_kill_resume.py.

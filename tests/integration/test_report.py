@@ -27,8 +27,8 @@ def test_report_compares_two_models(smollm: ContinuousLM, gemma: ContinuousLM, t
         tiny_counting_run(smollm, "smollm2-135m", tmp_path / "smollm"),
         tiny_counting_run(gemma, "gemma3-270m", tmp_path / "gemma"),
     ]
-    for run in runs:
-        assert json.loads((run / "manifest.json").read_text())["status"] == "finished"
+    for path in runs:
+        assert json.loads((path / "manifest.json").read_text())["status"] == "finished"
 
     out = tmp_path / "report"
     result = CliRunner().invoke(app, ["report", *map(str, runs), "--out", str(out)])
