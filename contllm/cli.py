@@ -18,7 +18,7 @@ import click
 import typer
 
 from contllm import registry
-from contllm.errors import ContllmError
+from contllm.errors import ContllmError, ExperimentError
 from contllm.models import DEFAULT_MODEL
 
 
@@ -91,6 +91,9 @@ def experiment_command(name: str) -> click.Command:
     params: list[click.Parameter] = [click.Option(list(decls), **kwargs) for decls, kwargs in RUN_OPTIONS]
     if experiment.engine:
         params += [click.Option(list(decls), **kwargs) for decls, kwargs in ENGINE_OPTIONS]
+    taken = {p.name for p in params} & {o.name for o in experiment.options}
+    if taken:
+        raise ExperimentError(f"{name} declares option(s) {', '.join(sorted(taken))}, which every run already takes")
     for option in experiment.options:
         if option.kind == "bool":
             flag = option.flag or f"--{option.name.replace('_', '-')}/--no-{option.name.replace('_', '-')}"
