@@ -20,6 +20,7 @@ EXPERIMENTS: dict[str, str] = {
     "boolean": "contllm.experiments.boolean",
     "depth": "contllm.depth.experiment",
     "pde": "contllm.pde.experiment",
+    "equivalence": "contllm.experiments.equivalence",
 }
 
 

@@ -1,0 +1,446 @@
+"""Duration-repetition equivalence: is one apple lasting 3 steps read as three apples?
+
+The counting experiment shows that four 0.75-long apples read as about three apples. This
+one asks the converse over a grid: a word repeated m times (m = 1..max copies), every copy
+lasting d steps, inside the counting prompt; the digits 0-9 are read out. A model that
+counts time would read m copies of duration d as m·d copies, so the contours of the
+implied count E[k] over (m, d) would follow the hyperbolas m·d = const. Where m·d is an
+integer k within the grid, the read-out at (m, d) is compared with the plain prompt of k
+copies (the cell (k, 1)) by KL divergence, and, as a baseline, with m copies at d = 1.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+import numpy as np
+
+from contllm import metrics
+from contllm.data import CountingItem, load_counting
+from contllm.errors import ExperimentError
+from contllm.experiments.base import Context, Experiment, Table
+from contllm.experiments.counting import CountingConfig, render_item
+from contllm.experiments.options import Option
+from contllm.experiments.sweeps import Plan, run_plan, sweep_options, sweep_values
+from contllm.signal import Signal
+
+#: Digits are read out, so no grid may ask for more than nine copies.
+MOST_COPIES = 9
+
+#: Probabilities below this are clipped before a logarithm (KL of distributions with zeros).
+FLOOR = 1e-12
+
+
+@dataclass
+class EquivalenceConfig(CountingConfig):
+    """Options of the equivalence experiment.
+
+    template, chat: the counting prompt (see :class:`CountingConfig`); {words} holds the copies.
+    low, high, samples: the per-copy durations d, evenly spaced (1.0 added when inside;
+        the range must hold 1.0, the plain prompts every cell is compared with).
+    max_copies: copies m = 1..max_copies (at most 9: the digits are read out).
+    per_category: words per category of the counting dataset (13 categories; 1..10).
+    """
+
+    low: float = 0.25
+    high: float = 3.0
+    samples: int = 12
+    max_copies: int = 6
+    per_category: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.low <= 1.0 <= self.high:
+            raise ExperimentError(
+                f"the duration range {self.low:g},{self.high:g} must hold 1 (the plain prompts every cell is compared with)"
+            )
+        if isinstance(self.max_copies, bool) or not 1 <= self.max_copies <= MOST_COPIES:
+            raise ExperimentError(f"--max-copies must be between 1 and {MOST_COPIES} (digits are read out), got {self.max_copies}")
+        if isinstance(self.per_category, bool) or not 1 <= self.per_category <= 10:
+            raise ExperimentError(f"--per-category must be between 1 and 10 (words per category), got {self.per_category}")
+
+    def copies(self) -> np.ndarray:
+        """The copies m [M]: 1..max_copies."""
+        return np.arange(1, self.max_copies + 1)
+
+    def durations(self) -> np.ndarray:
+        """The per-copy durations d [D], 1.0 among them."""
+        return sweep_values(self.low, self.high, self.samples)
+
+
+@dataclass
+class Grid:
+    """One word's read-out over the grid: probabilities [M, D, K] of the labels for m copies of duration d."""
+
+    item_id: str
+    copies: np.ndarray
+    durations: np.ndarray
+    labels: list[str]
+    probs: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "item_id": self.item_id,
+            "copies": [int(m) for m in self.copies],
+            "durations": [float(d) for d in self.durations],
+            "labels": list(self.labels),
+            "probs": [[[float(p) for p in cell] for cell in row] for row in self.probs],
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Grid:
+        try:
+            grid = cls(
+                item_id=str(data["item_id"]),
+                copies=np.asarray(data["copies"], dtype=np.int64),
+                durations=np.asarray(data["durations"], dtype=np.float64),
+                labels=[str(v) for v in data["labels"]],
+                probs=np.asarray(data["probs"], dtype=np.float64),
+                meta=dict(data.get("meta") or {}),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ExperimentError(f"malformed equivalence record: {exc}") from None
+        if grid.probs.shape != (len(grid.copies), len(grid.durations), len(grid.labels)):
+            raise ExperimentError(
+                f"malformed equivalence record {grid.item_id}: probs shaped {grid.probs.shape}, "
+                f"expected {(len(grid.copies), len(grid.durations), len(grid.labels))}"
+            )
+        return grid
+
+    def digits(self) -> np.ndarray:
+        """The digit distribution [M, D, K], renormalised over the labels."""
+        mass = self.probs.sum(axis=-1, keepdims=True)
+        return self.probs / np.where(mass > 0, mass, np.nan)
+
+    def implied(self) -> np.ndarray:
+        """The implied count E[k] [M, D] over the digit labels."""
+        return self.digits() @ np.array([float(label) for label in self.labels])
+
+    def product(self) -> np.ndarray:
+        """m·d [M, D]: the count of a model that counts time."""
+        return np.outer(self.copies, self.durations)
+
+    def unit_column(self) -> int:
+        """The column of d = 1 (the plain prompts); ExperimentError when the grid has none."""
+        hits = np.flatnonzero(np.isclose(self.durations, 1.0, atol=1e-9))
+        if not len(hits):
+            raise ExperimentError(f"item {self.item_id}: the grid has no d = 1 column")
+        return int(hits[0])
+
+
+def integer_cells(grid: Grid) -> list[tuple[int, int, int]]:
+    """The cells (row, column, reference row) where m·d is an integer k among the copies, d != 1.
+
+    The reference row is the row of k copies; its cell in the d = 1 column is the plain
+    prompt of k copies that the cell is compared with.
+    """
+    row_of = {int(m): i for i, m in enumerate(grid.copies)}
+    unit = grid.unit_column()
+    cells = []
+    for i, m in enumerate(grid.copies):
+        for j, d in enumerate(grid.durations):
+            k = round(float(m * d))
+            if j != unit and abs(m * d - k) < 1e-9 and k in row_of:
+                cells.append((i, j, row_of[k]))
+    return cells
+
+
+def kl_divergence(p: np.ndarray, q: np.ndarray) -> float:
+    """KL(p || q) in nats of two distributions [K] (clipped at :data:`FLOOR`)."""
+    p = np.clip(p, FLOOR, None)
+    q = np.clip(q, FLOOR, None)
+    return float(np.sum(p * (np.log(p) - np.log(q))))
+
+
+def measures(grid: Grid) -> dict[str, float]:
+    """One word's numbers: how E[k] follows m·d, and how close (m, d) reads to m·d plain copies.
+
+    slope, r2: E[k] fitted on m·d over the cells with m·d <= max copies; spearman_product and
+    spearman_copies: rank correlation of E[k] with m·d and with m alone over the whole grid;
+    mae_product: mean |E[k] - m·d| over the cells with m·d <= max copies; kl_product: mean
+    KL(cell || k plain copies) over :func:`integer_cells`; kl_same_copies: the same cells
+    against m plain copies (what ignoring the duration would give); argmax_agreement: share
+    of those cells whose argmax digit equals that of k plain copies; accuracy_at_1: share of
+    m whose argmax digit at d = 1 is m.
+    """
+    implied, product, p = grid.implied(), grid.product(), grid.digits()
+    inside = product <= grid.copies.max() + 1e-9
+    fit = metrics.linear_fit(product[inside], implied[inside]) if np.ptp(product[inside]) > 0 else None
+    copies = np.broadcast_to(grid.copies[:, None], product.shape)
+    unit = grid.unit_column()
+    cells = integer_cells(grid)
+    kl = [kl_divergence(p[i, j], p[r, unit]) for i, j, r in cells]
+    same = [kl_divergence(p[i, j], p[i, unit]) for i, j, _ in cells]
+    agree = [int(np.argmax(p[i, j])) == int(np.argmax(p[r, unit])) for i, j, r in cells]
+    labels = np.array([float(label) for label in grid.labels])
+    nan = float("nan")
+    return {
+        "slope": fit.slope if fit else nan,
+        "r2": fit.r2 if fit else nan,
+        "spearman_product": metrics.spearman(product.ravel(), implied.ravel()) if product.size > 1 else nan,
+        "spearman_copies": metrics.spearman(copies.ravel(), implied.ravel()) if product.size > 1 else nan,
+        "mae_product": float(np.mean(np.abs(implied[inside] - product[inside]))),
+        "kl_product": float(np.mean(kl)) if kl else nan,
+        "kl_same_copies": float(np.mean(same)) if same else nan,
+        "argmax_agreement": float(np.mean(agree)) if agree else nan,
+        "accuracy_at_1": float(np.mean(labels[np.argmax(p[:, unit], axis=-1)] == grid.copies)),
+        "integer_cells": len(cells),
+    }
+
+
+MEASURES = ("slope", "r2", "spearman_product", "spearman_copies", "mae_product", "kl_product",
+            "kl_same_copies", "argmax_agreement", "accuracy_at_1")
+
+
+@dataclass
+class EquivalenceResult:
+    """Every word's grid from one run, with the configuration that made it."""
+
+    experiment: str
+    model: str
+    config: dict[str, Any]
+    grids: list[Grid]
+
+    def grid(self, item_id: str) -> Grid:
+        """The grid of one item; ExperimentError when the result has none."""
+        for g in self.grids:
+            if g.item_id == item_id:
+                return g
+        raise ExperimentError(f"no item {item_id!r} in this result")
+
+    def common(self) -> list[Grid]:
+        """The grids on the most common (copies, durations) grid (a run uses one)."""
+        key = Counter((tuple(g.copies), tuple(np.round(g.durations, 12))) for g in self.grids).most_common(1)[0][0]
+        return [g for g in self.grids if (tuple(g.copies), tuple(np.round(g.durations, 12))) == key]
+
+    def mean_implied(self) -> tuple[Grid, np.ndarray]:
+        """A grid of the common shape and the mean E[k] [M, D] over the words on it."""
+        grids = self.common()
+        return grids[0], np.nanmean([g.implied() for g in grids], axis=0)
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """Tidy rows: one per item, copies, duration and label."""
+        for g in self.grids:
+            for i, m in enumerate(g.copies):
+                for j, d in enumerate(g.durations):
+                    for k, label in enumerate(g.labels):
+                        yield {"item": g.item_id, "word": g.meta.get("word", ""), "copies": int(m), "duration": float(d),
+                               "copies_x_duration": float(m * d), "label": label, "probability": float(g.probs[i, j, k])}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment": self.experiment, "model": self.model, "config": self.config,
+                "grids": [g.to_dict() for g in self.grids]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EquivalenceResult:
+        try:
+            return cls(str(data["experiment"]), str(data["model"]), dict(data["config"]),
+                       [Grid.from_dict(g) for g in data["grids"]])
+        except (KeyError, TypeError) as exc:
+            raise ExperimentError(f"malformed results file: missing {exc}") from None
+
+
+ROW_COLUMNS = ["item", "word", "copies", "duration", "copies_x_duration", "label", "probability"]
+
+
+def select_words(items: Sequence[CountingItem], per_category: int) -> list[CountingItem]:
+    """The first ``per_category`` words of each category, in the dataset's order."""
+    seen: Counter[str] = Counter()
+    chosen = []
+    for item in items:
+        if seen[item.category] < per_category:
+            seen[item.category] += 1
+            chosen.append(item)
+    return chosen
+
+
+def plan_grid(lm: Any, item: CountingItem, config: EquivalenceConfig) -> tuple[Plan, np.ndarray, np.ndarray]:
+    """The signals of one word's grid, row-major over (m, d), and the copies and durations."""
+    from contllm.readout import digits
+
+    copies, durations = config.copies(), config.durations()
+    signals = []
+    for m in copies:
+        rendered = render_item(lm, replace(item, n=int(m)), config)
+        base = Signal.from_text(lm.tokenizer, rendered.text, add_special_tokens=not config.chat)
+        signals += [base.scale(rendered.spans["words"], float(d)) for d in durations]
+    product = np.outer(copies, durations).ravel()
+    meta = {"word": item.word, "category": item.category}
+    return Plan(item.id, product, signals, digits(lm.tokenizer), meta=meta), copies, durations
+
+
+def run_grid(lm: Any, item: CountingItem, config: EquivalenceConfig, evaluate: Any) -> Grid:
+    """Evaluate one word's grid in one call of ``evaluate`` (signals -> distributions [S, vocab])."""
+    plan, copies, durations = plan_grid(lm, item, config)
+    sweep = run_plan(plan, evaluate)
+    probs = sweep.probs.reshape(len(copies), len(durations), len(sweep.labels))
+    return Grid(item.id, copies, durations, sweep.labels, probs, sweep.meta)
+
+
+class EquivalenceExperiment(Experiment):
+    name = "equivalence"
+    help = "A word repeated m times, each copy lasting d steps: is m copies of d read as m·d copies?"
+    description = (
+        "For each word, the counting prompt with m = 1..max-copies copies of the word, every copy lasting d "
+        "steps (d over --range); the digits 0-9 are read out. Reports E[k] over (m, d) against the hyperbolas "
+        "m·d = const and the KL divergence between (m, d) and m·d plain copies where m·d is an integer. "
+        "Items are counting words, one per category by default (ids like count-001; 13 items)."
+    )
+    Config = EquivalenceConfig
+    options = (
+        *sweep_options("the per-copy duration d", "0.25,3", 12),
+        Option("max_copies", "int", f"Copies m = 1..N of the word (N <= {MOST_COPIES}). [default: 6]"),
+        Option("per_category", "int", "Words per category of the counting dataset (1-10; 13 categories). [default: 1]"),
+    )
+    engine = True
+    shardable = True
+    unit = "word"
+
+    def items(self, config: EquivalenceConfig) -> Sequence[CountingItem]:
+        return select_words(load_counting(), config.per_category)
+
+    def run(self, lm: Any, config: EquivalenceConfig, items: Sequence[CountingItem],
+            context: Context) -> Iterator[tuple[str, Grid]]:
+        evaluate = context.evaluate
+        if evaluate is None:
+            from contllm.engine import Engine
+
+            evaluate = Engine(lm).probs
+        for item in items:
+            yield item.id, run_grid(lm, item, config, evaluate)
+
+    def decode(self, data: dict[str, Any]) -> Grid:
+        return Grid.from_dict(data)
+
+    def result(self, model: str, config: Any, records: Sequence[Grid]) -> EquivalenceResult:
+        return EquivalenceResult(self.name, model, self.config_dict(config), list(records))
+
+    def load_result(self, data: dict[str, Any]) -> EquivalenceResult:
+        return EquivalenceResult.from_dict(data)
+
+    def tables(self, result: EquivalenceResult) -> dict[str, Table]:
+        per_item = [{"item": g.item_id, "word": g.meta.get("word", ""), **measures(g)} for g in result.grids]
+        return {"results": (ROW_COLUMNS, result.rows()),
+                "items": (["item", "word", *MEASURES, "integer_cells"], per_item)}
+
+    def summary(self, result: EquivalenceResult) -> dict[str, Any]:
+        """The per-word :func:`measures` averaged over words, prefixed ``mean_``."""
+        if not result.grids:
+            raise ExperimentError("the result holds no grids")
+        per_item = [measures(g) for g in result.grids]
+        out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(per_item)}
+        for key in MEASURES:
+            values = [m[key] for m in per_item if np.isfinite(m[key])]
+            out[f"mean_{key}"] = float(np.mean(values)) if values else float("nan")
+        return out
+
+    def report_columns(self, result: EquivalenceResult) -> dict[str, Any]:
+        grid = result.common()[0] if result.grids else None
+        if grid is None:
+            return {"d_min": None, "d_max": None, "samples": None, "max_copies": None}
+        return {"d_min": float(grid.durations.min()), "d_max": float(grid.durations.max()),
+                "samples": len(grid.durations), "max_copies": int(grid.copies.max())}
+
+    def figures(self, result: EquivalenceResult, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
+        yield "summary", summary_figure(result)
+        if per_item:
+            for g in result.grids:
+                yield f"items/{g.item_id}", item_figure(result, g)
+
+    def comparison(self, results: Sequence[tuple[str, EquivalenceResult]]) -> Any:
+        return comparison_figure(results)
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def _edges(values: np.ndarray) -> np.ndarray:
+    """Cell edges around sorted centres [N] (midpoints inside, half a step outside)."""
+    if len(values) == 1:
+        return np.array([values[0] - 0.5, values[0] + 0.5])
+    mid = (values[1:] + values[:-1]) / 2
+    return np.concatenate([[values[0] - (mid[0] - values[0])], mid, [values[-1] + (values[-1] - mid[-1])]])
+
+
+def heatmap(ax: Any, grid: Grid, implied: np.ndarray, title: str) -> Any:
+    """E[k] [M, D] over (d, m) on ``ax``, its contours at the integers (solid) and m·d = 1..M (dashed)."""
+    copies, durations = grid.copies.astype(float), grid.durations
+    top = float(copies.max())
+    mesh = ax.pcolormesh(_edges(durations), _edges(copies), implied, cmap="viridis", vmin=0, vmax=max(top, 1.0),
+                         shading="flat")
+    if len(copies) > 1 and len(durations) > 1:
+        levels = np.arange(1, int(top) + 1)
+        lines = ax.contour(durations, copies, implied, levels=levels, colors="white", linewidths=1.2)
+        ax.clabel(lines, fmt="%d", fontsize=7)
+    d = np.linspace(_edges(durations)[0], _edges(durations)[-1], 200)
+    for c in range(1, int(top) + 1):
+        ax.plot(d, c / d, "--", color="orange", lw=1)
+        if c / d[-1] >= _edges(copies)[0]:
+            ax.text(d[-1], c / d[-1], f" m·d={c}", color="darkorange", fontsize=6, va="center", ha="left", clip_on=False)
+    ax.set_xlim(_edges(durations)[0], _edges(durations)[-1])
+    ax.set_ylim(_edges(copies)[0], _edges(copies)[-1])
+    ax.set_xlabel("duration per copy d")
+    ax.set_ylabel("copies m")
+    ax.set_yticks(copies)
+    ax.set_title(title, fontsize=9)
+    return mesh
+
+
+def item_figure(result: EquivalenceResult, grid: Grid) -> Any:
+    """One word: E[k] over (m, d), contours solid, hyperbolas m·d = const dashed."""
+    from contllm.plotting import plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.8), constrained_layout=True)
+    numbers = measures(grid)
+    title = (f"{result.model} · equivalence · {grid.item_id} \"{grid.meta.get('word', '')}\"\n"
+             f"white: E[k] contours; dashed: m·d = const; KL to m·d plain copies {numbers['kl_product']:.3g}")
+    fig.colorbar(heatmap(ax, grid, grid.implied(), title), ax=ax, label="implied count E[k]")
+    return fig
+
+
+def summary_figure(result: EquivalenceResult) -> Any:
+    """Across words: the mean E[k] heatmap with the hyperbolas, and mean E[k] against m·d."""
+    from contllm.plotting import plt
+
+    grid, implied = result.mean_implied()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
+    n = len(result.common())
+    fig.colorbar(heatmap(left, grid, implied, f"mean E[k] over {n} words (dashed: m·d = const)"), ax=left,
+                 label="implied count E[k]")
+    product = grid.product()
+    colors = plt.get_cmap("viridis")
+    for i, m in enumerate(grid.copies):
+        right.plot(product[i], implied[i], "-o", ms=3, color=colors(i / max(1, len(grid.copies) - 1)), label=f"m = {m}")
+    top = float(product.max())
+    right.plot([0, top], [0, top], ":", color="0.4", label="E[k] = m·d")
+    right.set_ylim(0, 9.5)
+    right.set_xlabel("m·d (copies x duration)")
+    right.set_ylabel("mean implied count E[k]")
+    right.set_title("one line per number of copies", fontsize=9)
+    right.grid(alpha=0.3)
+    right.legend(fontsize=8)
+    fig.suptitle(f"{result.model} · equivalence · {len(result.grids)} words", fontsize=12)
+    return fig
+
+
+def comparison_figure(results: Sequence[tuple[str, EquivalenceResult]]) -> Any:
+    """Runs side by side: each run's mean E[k] heatmap with the hyperbolas."""
+    from contllm.plotting import plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5.6 * len(results), 4.6), squeeze=False, constrained_layout=True)
+    mesh = None
+    for ax, (label, result) in zip(axes.flat, results):
+        grid, implied = result.mean_implied()
+        mesh = heatmap(ax, grid, implied, f"{label}: mean E[k] over {len(result.common())} words")
+    if mesh is not None:
+        fig.colorbar(mesh, ax=list(axes.flat), label="implied count E[k]")
+    fig.suptitle("equivalence: " + " vs ".join(dict.fromkeys(label for label, _ in results)), fontsize=12)
+    return fig
+
+
+EXPERIMENT = EquivalenceExperiment()
