@@ -111,6 +111,8 @@ def save(result: Any, directory: str | Path, *, figures: bool = True, item_figur
          name: str | None = None) -> dict[str, Any]:
     """Write a result into ``directory``: results.json, its CSV tables, summary.json and (with ``figures``) figures/.
 
+    With ``figures`` the experiment's documents (self-contained HTML, ...) are written too.
+
     This is what a run directory holds besides its config, manifest and item records.
     Returns the summary.
     """
@@ -128,4 +130,8 @@ def save(result: Any, directory: str | Path, *, figures: bool = True, item_figur
 
         for figure_name, fig in experiment.figures(result, per_item=item_figures):
             save_figure(fig, directory / "figures" / figure_name)
+        from contllm.files import atomic_write_text
+
+        for relative, text in experiment.documents(result, per_item=item_figures):
+            atomic_write_text(directory / relative, text)
     return summary

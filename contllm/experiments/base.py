@@ -135,6 +135,10 @@ class Experiment:
         """(name, matplotlib figure) pairs: "summary" first, then e.g. "items/<id>" (none saved)."""
         return iter(())
 
+    def documents(self, result: Any, *, per_item: bool = True) -> Iterator[tuple[str, str]]:
+        """(relative path, text) pairs of extra files to write beside the figures (e.g. "figures/items/<id>.html")."""
+        return iter(())
+
     def report_columns(self, result: Any) -> dict[str, Any]:
         """Columns that describe a run in ``contllm report``'s table (e.g. a sweep's range), beside its summary."""
         return {}
