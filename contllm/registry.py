@@ -21,6 +21,13 @@ EXPERIMENTS: dict[str, str] = {
     "depth": "contllm.depth.experiment",
     "pde": "contllm.pde.experiment",
     "equivalence": "contllm.experiments.equivalence",
+    "attribution": "contllm.experiments.attribution",
+    "interpolation": "contllm.experiments.interpolation",
+    "linearity": "contllm.experiments.linearity",
+    "sums": "contllm.experiments.sums",
+    "tokens": "contllm.experiments.tokens",
+    "scaling": "contllm.experiments.scaling",
+    "translation": "contllm.experiments.translation",
 }
 
 

@@ -218,15 +218,34 @@ class _Execution:
         )
 
     def shared(self, done: dict[str, Any]) -> Any:
-        """Under a launch: this process's share of the missing items; the main process then merges and assembles."""
+        """Under a launch: this process's share of the missing work; the main process then merges and assembles."""
         plan, procs, run_dir = self.plan, self.procs, self.run_dir
         unit = plan.experiment.unit
         pending = procs.broadcast([i for i in plan.chosen if i not in done] if procs.is_main else None)
-        mine = procs.share(pending)
+        finished = set(plan.chosen) - set(pending)
+        mine: list[str] = []
+
+        def share(work: list[Any]) -> list[Any]:  # groups of items, or items
+            part = procs.share(work)
+            mine.extend(i for entry in part for i in _ids(entry) if i not in finished)
+            plan.say(f"process {procs.rank + 1} of {procs.world_size}: {len(mine)} of {len(pending)} unfinished {unit}s")
+            return part
+
         run_dir.use_shard(procs.rank)
-        plan.say(f"process {procs.rank + 1} of {procs.world_size}: {len(mine)} of {len(pending)} unfinished {unit}s")
-        if mine:
-            self.compute(",".join(mine), {}, f"{plan.name} [{procs.rank + 1}/{procs.world_size}]", procs.is_main)
+        if pending:
+            from contllm.experiments import compute_records
+            from contllm.experiments.base import Context
+
+            chosen = select_items(plan.experiment.items(plan.config), plan.resolved["items"])
+            context = Context(evaluate=self.evaluate, seed=plan.resolved["seed"], say=self.echo, model_name=plan.model)
+
+            def keep(item_id: str, record: Any) -> None:
+                run_dir.save_record(item_id, plan.experiment.encode(record))
+
+            label = f"{plan.name} [{procs.rank + 1}/{procs.world_size}]"
+            _with_progress(label, procs.is_main and plan.progress, lambda tick: compute_records(
+                self.lm, plan.experiment, plan.config, chosen, context, skip=finished, on_record=keep,
+                progress=tick, share=share))
         # Returns once every process has finished its share (and so written its records).
         shards = procs.gather(procs.report(len(mine)))
         if not procs.is_main:
@@ -243,6 +262,11 @@ class _Execution:
         # Every item is in `done`, so this only assembles the records in the items' order.
         return run_experiment(self.lm, plan.name, plan.config, items=plan.resolved["items"], skip=done,
                               model_name=plan.model, seed=plan.resolved["seed"])
+
+
+def _ids(entry: Any) -> list[str]:
+    """The item ids of one entry of shared work: a group of items, or one item."""
+    return [item.id for item in entry] if isinstance(entry, list) else [entry.id]
 
 
 def _is_half(lm: Any) -> bool:

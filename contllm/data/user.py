@@ -20,6 +20,8 @@ Accepted layouts:
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from typing import Any, TypeVar
 
 from contllm.errors import ExperimentError
 
-__all__ = ["Row", "read_rows", "data_option_help", "unique_ids"]
+__all__ = ["Row", "read_rows", "data_option_help", "file_sha256", "read_data_file", "unique_ids"]
 
 T = TypeVar("T")
 _MISSING = object()
@@ -212,7 +214,7 @@ def _jsonl_rows(name: str, text: str) -> list[Row]:
 
 def _csv_rows(name: str, text: str) -> list[Row]:
     try:
-        reader = csv.reader(text.splitlines())
+        reader = csv.reader(io.StringIO(text, newline=""))  # a quoted cell may hold line breaks
         lines = [line for line in reader]
     except csv.Error as err:
         raise ExperimentError(f"{name}: not valid CSV ({err})") from None
@@ -244,3 +246,31 @@ def unique_ids(items: Sequence[T], path: str, id_of: Callable[[T], str] = lambda
 def data_option_help(schema: str) -> str:
     """The ``--data`` option's help text for an experiment whose rows look like ``schema``."""
     return f"Dataset file (.json, .jsonl or .csv) instead of the built-in items; rows: {schema}. [default: built-in]"
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a dataset file's bytes (hex); ExperimentError naming the file when it cannot be read.
+
+    Experiments record it beside the path in their config, so that ``--resume`` refuses a
+    file whose contents changed since the run started.
+    """
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as err:
+        raise ExperimentError(f"{path}: cannot read: {err.strerror or err}") from None
+    return digest.hexdigest()
+
+
+def read_data_file(path: str | Path, read: Callable[[str], Any]) -> tuple[str, str]:
+    """(the path as a string, the sha256 of its bytes) once ``read(path)`` has read the file without error.
+
+    What an experiment's config does with its ``data`` field, so that a malformed file is
+    refused when the config is made (before a model loads) and config.json records what
+    ``--resume`` must find again.
+    """
+    name = str(path)
+    read(name)
+    return name, file_sha256(name)

@@ -13,7 +13,7 @@ runs one on a loaded model and returns its result; ``contllm run`` does the same
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "Experiment",
     "ExperimentResult",
     "Sweep",
+    "compute_records",
     "figure",
     "run_experiment",
     "save",
@@ -72,20 +73,55 @@ def run_experiment(
         evaluate = Engine(lm).probs
     model = model_name or getattr(getattr(lm, "info", None), "name", None) or "model"
     context = Context(evaluate=evaluate, seed=seed, say=say or (lambda message: None), model_name=str(model))
-    pending = [item for item in chosen if item.id not in skip]
-    fresh: dict[str, Any] = {}
-    done = len(chosen) - len(pending)
-    if progress is not None:
-        progress(done, len(chosen))
-    for item_id, record in experiment.run(lm, config, pending, context) if pending else ():
-        fresh[item_id] = record
-        if on_record is not None:
-            on_record(item_id, record)
-        done += 1
-        if progress is not None:
-            progress(done, len(chosen))
+    fresh = compute_records(lm, experiment, config, chosen, context, skip=skip, on_record=on_record, progress=progress)
     records = [skip[item.id] if item.id in skip else fresh[item.id] for item in chosen]
     return experiment.result(str(model), config, records)
+
+
+def compute_records(
+    lm: Any,
+    experiment: Experiment,
+    config: Any,
+    chosen: Sequence[Any],
+    context: Context,
+    *,
+    skip: Collection[str] = (),
+    on_record: Callable[[str, Any], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    share: Callable[[list[Any]], list[Any]] | None = None,
+) -> dict[str, Any]:
+    """The records of the ``chosen`` items whose ids are not in ``skip``, by item id.
+
+    Items are computed in the experiment's groups (:meth:`Experiment.groups`): a group
+    with any record missing is computed whole, and the records it yields for items in
+    ``skip`` are dropped. share: under a launch, takes the list of work (groups, or
+    items when the experiment has none) and returns this process's part of it.
+    """
+    groups = experiment.groups(lm, config, chosen)
+    if groups is None:
+        pending = [item for item in chosen if item.id not in skip]
+        calls = [share(pending) if share is not None else pending]
+    else:
+        calls = [group for group in groups if any(item.id not in skip for item in group)]
+        if share is not None:
+            calls = share(calls)
+    wanted = {item.id for call in calls for item in call if item.id not in skip}
+    total = len(wanted) if share is not None else len(chosen)
+    done = total - len(wanted)
+    if progress is not None:
+        progress(done, total)
+    fresh: dict[str, Any] = {}
+    for call in calls:
+        for item_id, record in experiment.run(lm, config, call, context) if call else ():
+            if item_id not in wanted:
+                continue
+            fresh[item_id] = record
+            if on_record is not None:
+                on_record(item_id, record)
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    return fresh
 
 
 def summarize(result: Any, name: str | None = None) -> dict[str, Any]:

@@ -102,6 +102,19 @@ class Experiment:
     def check(self, lm: Any, config: Any) -> None:
         """Checks that need the loaded model (layer numbers, ...); raise ExperimentError. Nothing is written yet."""
 
+    def groups(self, lm: Any, config: Any, items: Sequence[Item]) -> list[list[Item]] | None:
+        """The items that :meth:`run` computes together, in order; None when every record is independent of the others.
+
+        An experiment that batches several items into one computation (sharing a prompt
+        prefix across them) returns the batches here, fixed by ``items`` (every item the
+        run selected, finished or not). The runner then always hands :meth:`run` a whole
+        group, also when some of its records exist already (a resumed run) and drops those
+        records: float summation order depends on the batch, so a record must not depend
+        on which of its neighbours happened to be finished. None (the default): :meth:`run`
+        gets exactly the unfinished items.
+        """
+        return None
+
     def run(self, lm: Any, config: Any, items: Sequence[Item], context: Context) -> Iterator[tuple[str, Any]]:
         """Compute ``items`` on ``lm``: yields (item id, record) for each item, in order."""
         raise NotImplementedError

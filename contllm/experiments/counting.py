@@ -8,10 +8,14 @@ numbers ("four 0.75-apples are about three apples").
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from contllm.data import CountingItem, load_counting
+from contllm.data.paper import COUNTING_FIELDS, counting_rows
+from contllm.data.user import data_option_help, read_data_file, read_rows, unique_ids
+from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
 from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, Plan, Sweep, scaled_plan, sweep_options
 from contllm.lm import ContinuousLM
@@ -37,6 +41,30 @@ CHAT_TEMPLATE = 'How many times does the word "{word}" occur in "{words}"? Reply
 
 FIELDS = ("words", "word", "article", "category")
 
+#: What a row of a --data file holds, for --help and the README.
+DATA_SCHEMA = (
+    "word, n (1-9) and optionally id, article ('an apple'), category ('fruits'); or the paper's "
+    + ", ".join(COUNTING_FIELDS)
+    + " (repetitions: a count or a list of counts)"
+)
+
+
+def read_counting(path: str | Path) -> list[CountingItem]:
+    """The counting items of a dataset file (the project's rows or the paper's; see :mod:`contllm.data.paper`).
+
+    Every problem is an ExperimentError naming the file, the row and the field.
+    """
+    items = []
+    for row in counting_rows(read_rows(path)):
+        word = row.get("word")
+        n = row.get("n", int, check=lambda v: None if 1 <= v <= 9 else f"must be from 1 to 9 (a digit is read out), got {v}")
+        article = row.get("article", str, default=f"{'an' if word[0].lower() in 'aeiou' else 'a'} {word}")
+        items.append(CountingItem(
+            id=row.get("id", str, default=f"count-{row.number:03d}"), word=word, article=article,
+            category=row.get("category", str, default="things"), n=n, multi_token=False,
+        ))
+    return unique_ids(items, str(path))
+
 
 @dataclass
 class CountingConfig(DurationSweepConfig):
@@ -46,12 +74,26 @@ class CountingConfig(DurationSweepConfig):
         {article}, {category}; None picks the default (or the chat default with chat).
     low, high, samples: the duration factors c, evenly spaced (1.0 added when inside).
     chat: wrap the prompt in the model's chat template (instruct models).
+    data: a dataset file (:func:`read_counting`) instead of the built-in items; its
+        contents' sha256 is kept in data_sha256, so that a resumed run refuses a changed file.
     """
 
     DEFAULT_TEMPLATE: ClassVar[str] = DEFAULT_TEMPLATE
     CHAT_TEMPLATE: ClassVar[str] = CHAT_TEMPLATE
     FIELDS: ClassVar[tuple[str, ...]] = FIELDS
     REQUIRED: ClassVar[tuple[str, ...]] = ("words",)
+
+    data: str | None = None
+    data_sha256: str | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.data is not None:
+            self.data, self.data_sha256 = read_data_file(self.data, read_counting)
+
+    def counting_items(self) -> list[CountingItem]:
+        """The items of the --data file, or the built-in dataset."""
+        return load_counting() if self.data is None else read_counting(self.data)
 
 
 def render_item(lm: ContinuousLM, item: CountingItem, config: CountingConfig) -> Rendered:
@@ -80,13 +122,17 @@ class CountingExperiment(CountingSweepExperiment):
     help = "A word repeated n times, its occurrences' durations scaled by a factor; digits read out."
     description = (
         "Each item repeats a word n times (2-6) inside a few-shot prompt; every occurrence's duration is "
-        "scaled by the factor c and the digits 0-9 are read out. Item ids look like count-003 (130 items)."
+        "scaled by the factor c and the digits 0-9 are read out. Item ids look like count-003 (130 items). "
+        "--data FILE reads the items from a JSON, JSONL or CSV file instead."
     )
     Config = CountingConfig
-    options = sweep_options("the duration factor c", "0.1,1.0", 10)
+    options = (
+        *sweep_options("the duration factor c", "0.1,1.0", 10),
+        Option("data", "str", data_option_help(DATA_SCHEMA)),
+    )
 
     def items(self, config: CountingConfig) -> Sequence[CountingItem]:
-        return load_counting()
+        return config.counting_items()
 
     def plan_item(self, lm: Any, item: CountingItem, config: CountingConfig) -> Plan:
         return plan_item(lm, item, config)

@@ -7,10 +7,13 @@ action"); the digits 0-9 after the answer prefix are read out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from contllm.data import EventItem, load_events
+from contllm.data.paper import EVENTS_FIELDS, events_rows
+from contllm.data.user import data_option_help, read_data_file, read_rows, unique_ids
 from contllm.errors import ExperimentError
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
@@ -51,6 +54,33 @@ CHAT_TEMPLATE = "{events}\n{question} Reply with a single digit."
 
 FIELDS = ("events", "question", "answer_prefix")
 
+#: What a row of a --data file holds, for --help and the README.
+DATA_SCHEMA = (
+    "events (a list of sentences, 1-9), question, answer_prefix and optionally id, kind; or the paper's "
+    + ", ".join(EVENTS_FIELDS)
+    + " (the whole prompt, ending in its answer prefix)"
+)
+
+
+def read_events(path: str | Path) -> list[EventItem]:
+    """The event passages of a dataset file (the project's rows or the paper's; see :mod:`contllm.data.paper`).
+
+    Every problem is an ExperimentError naming the file, the row and the field.
+    """
+    items = []
+    for row in events_rows(read_rows(path)):
+        events = row.strings("events")
+        if len(events) > 9:
+            raise row.error(f"holds {len(events)} events; at most 9 (a digit is read out)", "events")
+        n = row.get("n", int, default=len(events))
+        if n != len(events):
+            raise row.error(f"is {n} but the row lists {len(events)} events", "n")
+        items.append(EventItem(
+            id=row.get("id", str, default=f"passage-{row.number:03d}"), kind=row.get("kind", str, default="passage"),
+            events=tuple(events), question=row.get("question"), answer_prefix=row.get("answer_prefix"), n=n,
+        ))
+    return unique_ids(items, str(path))
+
 
 @dataclass
 class EventsConfig(DurationSweepConfig):
@@ -60,6 +90,8 @@ class EventsConfig(DurationSweepConfig):
         optionally {question} and {answer_prefix}; None picks the default.
     low, high, samples: the duration factors; chat: use the model's chat template.
     event: 0 scales every event together; k in 1..n scales only the k-th event.
+    data: a dataset file (:func:`read_events`) instead of the built-in passages; its
+        contents' sha256 is kept in data_sha256, so that a resumed run refuses a changed file.
     """
 
     DEFAULT_TEMPLATE: ClassVar[str] = DEFAULT_TEMPLATE
@@ -68,11 +100,15 @@ class EventsConfig(DurationSweepConfig):
     REQUIRED: ClassVar[tuple[str, ...]] = ("events",)
 
     event: int = 0
+    data: str | None = None
+    data_sha256: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.event < 0:
             raise ExperimentError(f"event must be 0 (all events) or a 1-based event number, got {self.event}")
         super().__post_init__()
+        if self.data is not None:
+            self.data, self.data_sha256 = read_data_file(self.data, read_events)
 
 
 def render_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> Rendered:
@@ -99,16 +135,18 @@ class EventsExperiment(CountingSweepExperiment):
     help = "A passage of n events, their durations scaled by a factor; digits read out."
     description = (
         "Each item is a short story or tutorial of n events (3-7) and a question about how many happened; "
-        "every event (or only --event K) has its duration scaled by c and the digits 0-9 are read out."
+        "every event (or only --event K) has its duration scaled by c and the digits 0-9 are read out. "
+        "--data FILE reads the passages from a JSON, JSONL or CSV file instead."
     )
     Config = EventsConfig
     options = (
         *sweep_options("the duration factor c", "0.1,1.0", 10),
         Option("event", "int", "Scale only this event (1-based; passages with fewer events are left out); 0 scales all. [default: 0]"),
+        Option("data", "str", data_option_help(DATA_SCHEMA)),
     )
 
     def items(self, config: EventsConfig) -> Sequence[EventItem]:
-        items = load_events()
+        items = load_events() if config.data is None else read_events(config.data)
         longest = max(item.n for item in items)
         if config.event > longest:
             raise ExperimentError(f"event {config.event} does not exist; the passages have at most {longest} events")

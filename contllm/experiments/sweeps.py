@@ -9,6 +9,7 @@ into a :class:`Sweep`; an :class:`ExperimentResult` holds the sweeps of a run as
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -250,13 +251,42 @@ class ExperimentResult:
 Evaluator = Callable[[list[Signal]], torch.Tensor]
 
 
+#: Next-token distributions one batch of items may hold at once (bytes of float32
+#: probabilities): about 680 signals of SmolLM2's 49,152-token vocabulary, 128 of Gemma 3's
+#: 262,144. Larger batches compute no less per signal; they only hold more. The
+#: environment variable CONTLLM_GROUP_BYTES overrides it (a resumed run must keep it).
+GROUP_BYTES = 128 * 1024 * 1024
+
+
+def group_size(lm: Any, signals_per_item: int) -> int:
+    """How many items of ``signals_per_item`` signals each one batch takes (at least one).
+
+    Fixed by the model and the sweep, so that a resumed run batches its items exactly as
+    an uninterrupted one did.
+    """
+    vocab = int(lm.model.config.get_text_config().vocab_size)
+    budget = os.environ.get("CONTLLM_GROUP_BYTES", "")
+    signals = max(1, (int(budget) if budget.isdigit() else GROUP_BYTES) // (4 * vocab))
+    return max(1, signals // max(1, signals_per_item))
+
+
 def run_plan(plan: Plan, evaluate: Evaluator) -> Sweep:
     """Evaluate one plan: next-token distributions [S, vocab] -> label probabilities [S, K]."""
-    probs = evaluate(plan.signals)
-    gathered = plan.token_sets.gather(probs.float()).cpu().numpy().astype(np.float64)
-    if not np.isfinite(gathered).all():
-        raise ExperimentError(f"item {plan.item_id}: the model produced non-finite probabilities")
-    return Sweep(plan.item_id, plan.x, list(plan.token_sets.labels), gathered, plan.truth, dict(plan.meta))
+    return next(run_plans([plan], evaluate))
+
+
+def run_plans(plans: Sequence[Plan], evaluate: Evaluator) -> Iterator[Sweep]:
+    """Evaluate plans in one call of ``evaluate`` (their signals in order) and split the result into sweeps."""
+    probs = evaluate([s for plan in plans for s in plan.signals]) if plans else None
+    start = 0
+    for plan in plans:
+        assert probs is not None
+        part = probs[start : start + len(plan.signals)]
+        start += len(plan.signals)
+        gathered = plan.token_sets.gather(part.float()).cpu().numpy().astype(np.float64)
+        if not np.isfinite(gathered).all():
+            raise ExperimentError(f"item {plan.item_id}: the model produced non-finite probabilities")
+        yield Sweep(plan.item_id, plan.x, list(plan.token_sets.labels), gathered, plan.truth, dict(plan.meta))
 
 
 class SweepExperiment(Experiment):
@@ -275,14 +305,23 @@ class SweepExperiment(Experiment):
         """The sweep of one item, before it runs."""
         raise NotImplementedError
 
+    def groups(self, lm: Any, config: Any, items: Sequence[Any]) -> list[list[Any]]:
+        """Consecutive items whose sweeps run as one batch: :func:`group_size` items each."""
+        if not items:
+            return []
+        size = group_size(lm, len(self.plan_item(lm, items[0], config).signals))
+        return [list(items[k : k + size]) for k in range(0, len(items), size)]
+
     def run(self, lm: Any, config: Any, items: Sequence[Any], context: Context) -> Iterator[tuple[str, Sweep]]:
+        """The sweeps of ``items``, evaluated in one batch (a prompt prefix they share is computed once)."""
         evaluate = context.evaluate
         if evaluate is None:
             from contllm.engine import Engine
 
             evaluate = Engine(lm).probs
-        for item in items:
-            yield item.id, run_plan(self.plan_item(lm, item, config), evaluate)
+        plans = [self.plan_item(lm, item, config) for item in items]
+        for item, sweep in zip(items, run_plans(plans, evaluate)):
+            yield item.id, sweep
 
     def decode(self, data: dict[str, Any]) -> Sweep:
         return Sweep.from_dict(data)

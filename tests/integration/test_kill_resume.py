@@ -26,13 +26,19 @@ RUNS = {
     "boolean": ["--items", "8", "--samples", "3", "--operators", "AND,OR,XOR"],
     "depth": ["--items", "3", "--layer", "0,-1", "--eps", "0.01", "--alphas", "0,1"],
     "pde": ["--times", "0,1", "--variants", "attention,matched", "--prompts", "2"],
+    "linearity": ["--sources", "boolean,prompt", "--per-source", "2", "--samples", "3"],
+    "sums": ["--items", "4", "--samples", "3"],
+    "translation": ["--items", "5", "--samples", "5"],
+    "attribution": ["--first", "6", "--steps", "16", "--floor", "0.5"],
 }
 #: Fields that say when or how a run went, not what it computed.
 CLOCK_FIELDS = {"started", "finished", "resumed", "processes", "command", "seconds"}
 
 
 def environment() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # Sweep experiments batch items in groups and save a group's records together: small
+    # groups (two or three items here) leave records missing when the kill lands.
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CONTLLM_GROUP_BYTES": "2000000"}
 
 
 def without_clock(value: object) -> object:

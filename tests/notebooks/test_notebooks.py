@@ -21,7 +21,10 @@ from nbclient import NotebookClient
 pytestmark = pytest.mark.notebook
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-EXPECTED = {"explore.ipynb", "counting.ipynb", "events.ipynb", "boolean.ipynb", "equivalence.ipynb"}
+EXPECTED = {
+    "explore.ipynb", "counting.ipynb", "events.ipynb", "boolean.ipynb", "equivalence.ipynb",
+    "interpolation.ipynb", "tokens.ipynb", "sums.ipynb", "attribution.ipynb",
+}
 KERNEL = "contllm-test"
 #: Seconds a single cell may take; each notebook as a whole runs in well under 3 minutes.
 CELL_TIMEOUT = 240

@@ -1,0 +1,236 @@
+"""The duration path of an attribution: a signal whose attributed tokens last tau x d, with gradients.
+
+:class:`Path` evaluates a read-out along the path, batched over tau, with or without
+gradients of the log-durations; the tokens before the first attributed one (and before the
+read position) run once without gradients and their keys are reused.
+:func:`differentiable_rotary` lets gradients reach float position ids through
+transformers' rotary embeddings, which compute under ``torch.no_grad()``.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.cache_utils import DynamicCache
+
+from contllm.attention import continuous_positions, model_masks
+from contllm.signal import Signal
+
+#: Rows x tokens of one differentiated forward on the CPU (a backward keeps every
+#: layer's activations: about 2.5 MB per token on SmolLM2-135M).
+CPU_GRAD_TOKENS = 1024
+
+
+def _no_grad_wrapped(function: Any) -> Any:
+    """The function inside a ``@torch.no_grad()`` decoration, or None when ``function`` is not one."""
+    code = getattr(function, "__code__", None)
+    inner = getattr(function, "__wrapped__", None)
+    if code is None or inner is None or code.co_name != "decorate_context":
+        return None
+    return inner
+
+
+@contextmanager
+def differentiable_rotary(model: torch.nn.Module) -> Iterator[int]:
+    """Let gradients reach float position ids through transformers' rotary embeddings.
+
+    Every ``*RotaryEmbedding`` module whose forward is decorated with ``torch.no_grad()``
+    gets the undecorated forward as an attribute of its own instance for as long as the
+    context lasts; on exit (also on an exception) the attribute is removed, so the class's
+    decorated forward is used again. Yields how many modules were switched.
+    """
+    switched: list[torch.nn.Module] = []
+    try:
+        for module in model.modules():
+            if not type(module).__name__.endswith("RotaryEmbedding") or "forward" in vars(module):
+                continue
+            inner = _no_grad_wrapped(type(module).forward)
+            if inner is not None:
+                module.forward = types.MethodType(inner, module)
+                switched.append(module)
+        yield len(switched)
+    finally:
+        for module in switched:
+            vars(module).pop("forward", None)
+
+
+@contextmanager
+def _frozen_parameters(model: torch.nn.Module) -> Iterator[None]:
+    """No parameter requires a gradient while the context lasts (each gets its flag back on exit)."""
+    flagged = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in flagged:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p in flagged:
+            p.requires_grad_(True)
+
+
+@contextmanager
+def _gradient_mode(lm: Any) -> Iterator[None]:
+    """Continuous inputs with gradients: positions, rotary, frozen weights, float32 state for half models."""
+    from contllm.precision import float32_readout, float32_state, is_half
+
+    with ExitStack() as stack:
+        stack.enter_context(continuous_positions(lm.model, lm.family))
+        stack.enter_context(differentiable_rotary(lm.model))
+        stack.enter_context(_frozen_parameters(lm.model))
+        if is_half(lm.dtype):
+            stack.enter_context(float32_readout(lm.model))
+            stack.enter_context(float32_state(lm))
+        stack.enter_context(torch.enable_grad())
+        yield
+
+
+class Path:
+    """The signal with its attributed tokens at duration tau x d, batched over tau, with a cached prefix."""
+
+    def __init__(self, lm: Any, signal: Signal, readout: Any, active: list[int], position: int,
+                 max_batch_tokens: int | None) -> None:
+        self.lm, self.signal, self.readout, self.active, self.position = lm, signal, readout, active, position
+        n = len(signal)
+        self.prefix = min([position, *active])
+        self.width = n - self.prefix
+        if max_batch_tokens is None:
+            max_batch_tokens = CPU_GRAD_TOKENS if lm.device.type == "cpu" else 8 * CPU_GRAD_TOKENS
+        self.rows = max(1, int(max_batch_tokens) // self.width)
+        self.explicit = signal.explicit_times is not None
+        self._context: tuple[Any, torch.Tensor, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------ inputs
+    def _durations(self, tau: torch.Tensor, log_active: torch.Tensor | None) -> torch.Tensor:
+        """Durations [B, n] at each tau (the active ones from ``log_active`` when given, for gradients)."""
+        d = self.signal.durations.to(torch.float64)
+        rows = d[None].repeat(len(tau), 1)
+        if self.active:
+            idx = torch.tensor(self.active, dtype=torch.long)
+            scaled = torch.exp(log_active) if log_active is not None else tau[:, None] * d[idx][None]
+            rows = _scatter(rows, idx, scaled)
+        return rows
+
+    def _times(self, durations: torch.Tensor) -> torch.Tensor:
+        if self.explicit:
+            return self.signal.times.to(torch.float64)[None].expand(durations.shape[0], -1)
+        return self.signal.start + torch.cumsum(durations, dim=1)
+
+    def _prefix_context(self) -> tuple[Any, torch.Tensor, torch.Tensor] | None:
+        """The KV cache, times and durations [1, p] of the tokens before the path's first changing one."""
+        if self.prefix == 0:
+            return None
+        if self._context is None:
+            d = self.signal.durations.to(torch.float64)[None, : self.prefix]
+            times = self._times(self.signal.durations.to(torch.float64)[None])[:, : self.prefix]
+            with torch.no_grad():
+                cache = DynamicCache()  # no config: every key is kept, windows are applied in time by the mask
+                self._run(d, times, cache=cache, keep=torch.empty(0, dtype=torch.long))
+            self._context = (cache, times, d)
+        return self._context
+
+    def _run(self, durations: torch.Tensor, times: torch.Tensor, *, cache: Any = None, keep: Any = None,
+             context: tuple[Any, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """One forward of the tokens [prefix or 0, n) at ``durations``/``times`` [B, width]; logits of ``keep``."""
+        lm = self.lm
+        model = lm.model
+        lo = 0 if context is None and cache is not None else self.prefix
+        hi = lo + durations.shape[1]
+        ids = self.signal.token_ids
+        rows = durations.shape[0]
+        if self.signal.embeds is not None:
+            embeds = self.signal.embeds[lo:hi].to(device=lm.device, dtype=lm.state_dtype)[None].expand(rows, -1, -1)
+        else:
+            assert ids is not None
+            embeds = model.get_input_embeddings()(ids[lo:hi].to(lm.device))[None].to(lm.state_dtype).expand(rows, -1, -1)
+        key_times, key_durations = times, durations
+        if context is not None:
+            prefix_cache, prefix_times, prefix_durations = context
+            cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in prefix_cache.layers])
+            for layer in cache.layers:
+                layer.keys = layer.keys.expand(rows, -1, -1, -1)
+                layer.values = layer.values.expand(rows, -1, -1, -1)
+            key_times = torch.cat([prefix_times.expand(rows, -1), times], dim=1)
+            key_durations = torch.cat([prefix_durations.expand(rows, -1), durations], dim=1)
+        mask_dtype = torch.float32 if lm.attn_implementation == "eager" else lm.state_dtype
+        if lm.state_dtype == torch.float64:
+            mask_dtype = torch.float64
+        mask = model_masks(lm.family, model.config, times, key_times, key_durations.to(lm.device), dtype=mask_dtype,
+                           device=lm.device)
+        out = model(
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            position_ids=times.to(device=lm.device, dtype=torch.float32),
+            past_key_values=cache,
+            use_cache=cache is not None,
+            logits_to_keep=keep.to(lm.device) if isinstance(keep, torch.Tensor) else keep,
+        )
+        return out.logits
+
+    def _read(self, durations: torch.Tensor) -> torch.Tensor:
+        """f [B] at full durations [B, n] (differentiable in them)."""
+        times = self._times(durations)
+        context = self._prefix_context()
+        column = torch.tensor([self.position - self.prefix], dtype=torch.long)
+        logits = self._run(durations[:, self.prefix :], times[:, self.prefix :], keep=column, context=context)
+        return self.readout.from_logits(logits[:, 0])
+
+    # ------------------------------------------------------------ public
+    def values(self, taus: np.ndarray) -> np.ndarray:
+        """f at each tau [T] (no gradients)."""
+        out = []
+        with _gradient_mode(self.lm), torch.no_grad():
+            for lo in range(0, len(taus), self.rows):
+                tau = torch.as_tensor(taus[lo : lo + self.rows], dtype=torch.float64)
+                out.append(self._read(self._durations(tau, None)).cpu().numpy())
+        return np.concatenate(out)
+
+    def gradients(self, taus: np.ndarray) -> np.ndarray:
+        """df/dlog d_j [T, active] at each tau."""
+        d = self.signal.durations.to(torch.float64)[torch.tensor(self.active, dtype=torch.long)]
+        out = []
+        with _gradient_mode(self.lm):
+            for lo in range(0, len(taus), self.rows):
+                tau = torch.as_tensor(taus[lo : lo + self.rows], dtype=torch.float64)
+                log_active = (torch.log(tau)[:, None] + torch.log(d)[None]).requires_grad_(True)
+                f = self._read(self._durations(tau, log_active))
+                (grad,) = torch.autograd.grad(f.sum(), log_active)
+                out.append(grad.detach().cpu().numpy())
+        return np.concatenate(out)
+
+
+def _scatter(rows: torch.Tensor, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``rows`` with columns ``idx`` replaced by ``values`` (out of place, differentiable in ``values``)."""
+    keep = torch.ones(rows.shape[1], dtype=torch.bool)
+    keep[idx] = False
+    out = rows * keep.to(rows.dtype)[None]
+    return out.index_add(1, idx, values)
+
+
+def window_crossings(lm: Any, signal: Signal, tokens: list[int], low: float) -> int:
+    """How many (query, key) pairs cross a sliding window's edge between tau = low and tau = 1.
+
+    Along the path the times move linearly in tau, so the gap t_i - t_j of a key j before
+    query i crosses a window W at most once; a crossing makes the read-out jump (the window
+    edge is sharp), and integrated gradients cannot see a jump. 0 for a model without windows
+    and for a signal with explicit times (its times do not move).
+    """
+    from contllm.families import layer_windows
+
+    windows = layer_windows(lm.family, lm.model.config)
+    sizes = {w for w in (windows.values() if isinstance(windows, dict) else [windows]) if w is not None}
+    if not sizes or signal.explicit_times is not None or not tokens:
+        return 0
+    d = signal.durations.to(torch.float64)
+    scaled = d.clone()
+    scaled[tokens] = d[tokens] * low
+    ends = [signal.start + torch.cumsum(x, 0) for x in (d, scaled)]
+    gaps = [(t[:, None] - t[None, :]) for t in ends]  # [query, key]
+    before = torch.tril(torch.ones(len(d), len(d), dtype=torch.bool))
+    crossing = 0
+    for w in sizes:
+        crossing += int((((gaps[0] < w) != (gaps[1] < w)) & before).sum())
+    return crossing

@@ -1,0 +1,362 @@
+"""Duration attribution over the counting and events datasets: which tokens does the count depend on?
+
+Each item's prompt is built exactly as its dataset's experiment builds it (counting or
+events, with the same template, chat and --data options); the tokens that experiment
+scales (the counted words, the event sentences) are the item's *span*. Every attributed
+token is moved from absent (duration 0) to present along the duration path, and its
+integrated gradient is its attribution (:func:`contllm.attribution.attribute`); beside it,
+occlusion (the token deleted alone) and leave-one-out shrink (its duration halved alone)
+go through the batched engine. A record holds one row per attributed token; the summary
+reports the worst completeness error over items and how often the top-attributed tokens
+lie in the span (precision@k, k = the span's size).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from contllm import registry
+from contllm.attribution import DEFAULT_STEPS, MAX_STEPS, Readout, attribute, occlusion
+from contllm.errors import ExperimentError
+from contllm.experiments.base import Context, Experiment, Table
+from contllm.experiments.options import Option
+
+#: The datasets whose items can be attributed (each is also an experiment).
+DATASETS = ("counting", "events")
+TOKEN_SETS = ("item", "all")
+READOUTS = ("count", "truth", "log-truth")
+
+#: The duration the span is marked with when the dataset's experiment builds the prompt.
+_MARK = 0.5
+
+
+@dataclass
+class AttributionConfig:
+    """Options of the attribution experiment.
+
+    dataset: "counting" or "events"; its experiment builds each prompt and names the span.
+    data: a dataset file for that experiment (when it takes --data), or None.
+    template, chat: the dataset experiment's prompt options (None: its default).
+    tokens: "item" (the tokens from the start of the line that holds the span to the end:
+        the item after the few-shot examples) or "all" (every token but the first).
+    readout: "count" (implied count E[k] over the digits), "truth" (probability of the
+        true count) or "log-truth" (its logarithm).
+    steps: gradient evaluations along the path; floor: 0 (deletion baseline) or a
+        duration factor in (0, 1) where the path starts.
+    first: how many items of the dataset (its first N, balanced over category/kind and n); 0: all.
+    """
+
+    dataset: str = "counting"
+    data: str | None = None
+    template: str | None = None
+    chat: bool = False
+    tokens: str = "item"
+    readout: str = "count"
+    steps: int = DEFAULT_STEPS
+    floor: float = 0.0
+    first: int = 8
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ExperimentError(f"--dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+        if self.tokens not in TOKEN_SETS:
+            raise ExperimentError(f"--tokens must be one of {', '.join(TOKEN_SETS)}, got {self.tokens!r}")
+        if self.readout not in READOUTS:
+            raise ExperimentError(f"--readout must be one of {', '.join(READOUTS)}, got {self.readout!r}")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not 8 <= self.steps <= MAX_STEPS:
+            raise ExperimentError(f"--steps must be an integer from 8 to {MAX_STEPS}, got {self.steps!r}")
+        if not (isinstance(self.floor, (int, float)) and 0 <= self.floor < 1):
+            raise ExperimentError(f"--floor must be 0 (deletion baseline) or a duration factor in (0, 1), got {self.floor!r}")
+        if isinstance(self.first, bool) or not isinstance(self.first, int) or self.first < 0:
+            raise ExperimentError(f"--first must be an integer >= 0 (0: every item), got {self.first!r}")
+        self.dataset_config()
+
+    def dataset_config(self) -> Any:
+        """The dataset experiment's config that marks the span (every span token at duration 0.5)."""
+        options: dict[str, Any] = {"template": self.template, "chat": self.chat, "low": _MARK, "high": _MARK, "samples": 1}
+        if self.data is not None:
+            options["data"] = self.data
+        try:
+            return registry.get(self.dataset).Config(**options)
+        except TypeError:
+            raise ExperimentError(f"--data is not available for the {self.dataset} dataset in this version") from None
+
+
+@dataclass
+class ItemAttribution:
+    """One item: its prompt's tokens and, for each attributed token, the three measures.
+
+    text, offsets: the prompt and each token's character span. tokens: the attributed
+    indices; attribution, occlusion, shrink: one value each per attributed token. span:
+    the indices the dataset's experiment scales. full, baseline, start: f at the prompt,
+    at the baseline and at the path's lowest end. meta: item facts and the rule used.
+    """
+
+    item_id: str
+    readout: str
+    text: str
+    offsets: list[tuple[int, int]]
+    tokens: list[int]
+    attribution: np.ndarray
+    occlusion: np.ndarray
+    shrink: np.ndarray
+    span: list[int]
+    full: float
+    baseline: float
+    start: float
+    steps: int
+    floor: float
+    truth: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def completeness_abs(self) -> float:
+        return abs(float(np.sum(self.attribution)) - (self.full - self.baseline))
+
+    @property
+    def completeness_error(self) -> float:
+        """|sum of attributions - (f(full) - f(baseline))| / |f(full) - f(baseline)|."""
+        scale = abs(self.full - self.baseline)
+        return self.completeness_abs / scale if scale > 0 else (0.0 if self.completeness_abs == 0 else math.inf)
+
+    def piece(self, index: int) -> str:
+        """The text of token ``index`` (empty for special tokens)."""
+        a, b = self.offsets[index]
+        return self.text[a:b]
+
+    def precision(self, values: np.ndarray) -> float:
+        """Share of the k tokens of largest |value| that lie in the span (k: span tokens attributed)."""
+        inside = np.isin(self.tokens, self.span)
+        k = int(inside.sum())
+        if k == 0:
+            return float("nan")
+        top = np.argsort(-np.abs(values), kind="stable")[:k]
+        return float(inside[top].mean())
+
+    def chance(self) -> float:
+        """precision@k of a random ranking: the span's share of the attributed tokens."""
+        return float(np.isin(self.tokens, self.span).mean())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "item_id": self.item_id, "readout": self.readout, "text": self.text,
+            "offsets": [list(o) for o in self.offsets], "tokens": list(self.tokens),
+            "attribution": [float(v) for v in self.attribution], "occlusion": [float(v) for v in self.occlusion],
+            "shrink": [float(v) for v in self.shrink], "span": list(self.span), "full": self.full,
+            "baseline": self.baseline, "start": self.start, "steps": self.steps, "floor": self.floor,
+            "truth": self.truth, "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ItemAttribution:
+        try:
+            record = cls(
+                item_id=str(data["item_id"]), readout=str(data["readout"]), text=str(data["text"]),
+                offsets=[(int(a), int(b)) for a, b in data["offsets"]], tokens=[int(i) for i in data["tokens"]],
+                attribution=np.asarray(data["attribution"], dtype=np.float64),
+                occlusion=np.asarray(data["occlusion"], dtype=np.float64),
+                shrink=np.asarray(data["shrink"], dtype=np.float64), span=[int(i) for i in data["span"]],
+                full=float(data["full"]), baseline=float(data["baseline"]), start=float(data["start"]),
+                steps=int(data["steps"]), floor=float(data["floor"]), truth=data.get("truth"),
+                meta=dict(data.get("meta") or {}),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ExperimentError(f"malformed attribution record: {exc}") from None
+        k = len(record.tokens)
+        if not (len(record.attribution) == len(record.occlusion) == len(record.shrink) == k):
+            raise ExperimentError(f"malformed attribution record {record.item_id}: {k} tokens but values of other lengths")
+        return record
+
+
+@dataclass
+class AttributionResult:
+    """Every item's attributions from one run, with the configuration that made it."""
+
+    experiment: str
+    model: str
+    config: dict[str, Any]
+    items: list[ItemAttribution]
+
+    def item(self, item_id: str) -> ItemAttribution:
+        for record in self.items:
+            if record.item_id == item_id:
+                return record
+        raise ExperimentError(f"no item {item_id!r} in this result")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment": self.experiment, "model": self.model, "config": self.config,
+                "items": [r.to_dict() for r in self.items]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttributionResult:
+        try:
+            return cls(str(data["experiment"]), str(data["model"]), dict(data["config"]),
+                       [ItemAttribution.from_dict(r) for r in data["items"]])
+        except (KeyError, TypeError) as exc:
+            raise ExperimentError(f"malformed results file: missing {exc}") from None
+
+
+TOKEN_COLUMNS = ["item", "index", "token", "in_span", "attribution", "occlusion", "shrink"]
+ITEM_COLUMNS = ["item", "readout", "full", "baseline", "sum_attribution", "completeness_error", "completeness_abs",
+                "tokens", "span_tokens", "precision_attribution", "precision_occlusion", "precision_shrink", "chance"]
+
+
+def token_rows(result: AttributionResult) -> Iterator[dict[str, Any]]:
+    """One row per item and attributed token."""
+    for r in result.items:
+        span = set(r.span)
+        for k, j in enumerate(r.tokens):
+            yield {"item": r.item_id, "index": j, "token": r.piece(j), "in_span": j in span,
+                   "attribution": float(r.attribution[k]), "occlusion": float(r.occlusion[k]), "shrink": float(r.shrink[k])}
+
+
+def item_row(r: ItemAttribution) -> dict[str, Any]:
+    """One item's numbers (items.csv)."""
+    return {"item": r.item_id, "readout": r.readout, "full": r.full, "baseline": r.baseline,
+            "sum_attribution": float(np.sum(r.attribution)), "completeness_error": r.completeness_error,
+            "completeness_abs": r.completeness_abs, "tokens": len(r.tokens),
+            "span_tokens": int(np.isin(r.tokens, r.span).sum()), "precision_attribution": r.precision(r.attribution),
+            "precision_occlusion": r.precision(r.occlusion), "precision_shrink": r.precision(r.shrink),
+            "chance": r.chance()}
+
+
+def line_start(text: str, offsets: Sequence[tuple[int, int]], position: int) -> int:
+    """The first token (index >= 1) that starts at or after the beginning of the line holding ``position``."""
+    begin = text.rfind("\n", 0, position) + 1
+    for i, (a, b) in enumerate(offsets):
+        if i >= 1 and b > a and a >= begin:
+            return i
+    return 1
+
+
+class AttributionExperiment(Experiment):
+    name = "attribution"
+    help = "Which tokens the count depends on: integrated gradients along the duration path, occlusion and shrink."
+    description = (
+        "Each counting or events item (--dataset) is built as its experiment builds it; every attributed token "
+        "(--tokens item: the item after the few-shot examples; all: every token but the first) moves from "
+        "duration 0 to its own duration, and its integrated gradient of the read-out (--readout) is its "
+        "attribution, with completeness checked; occlusion (token deleted alone) and shrink (halved alone) run "
+        "beside it. Item ids are the dataset's (count-001, story-001, ...); --first N takes its first N items."
+    )
+    Config = AttributionConfig
+    options = (
+        Option("dataset", "str", "Items and prompts of this experiment: counting or events. [default: counting]"),
+        Option("data", "str", "Dataset file for the --dataset experiment (where it takes --data). [default: built-in]"),
+        Option("template", "str", "Prompt template of the --dataset experiment. [default: its own]"),
+        Option("chat", "bool", "Wrap prompts in the model's chat template.", flag="--chat/--no-chat"),
+        Option("tokens", "str", "Tokens to attribute: item (from the line holding the span on) or all (all but the first). [default: item]"),
+        Option("readout", "str", "What is attributed: count (E[k] over the digits), truth (P(true count)) or log-truth. [default: count]"),
+        Option("steps", "int", f"Gradient evaluations along the duration path (8-{MAX_STEPS}). [default: {DEFAULT_STEPS}]"),
+        Option("floor", "float", "Start of the path as a duration factor: 0 deletes the tokens (baseline), else in (0, 1). [default: 0]"),
+        Option("first", "int", "Items: the dataset's first N (balanced over category/kind and n); 0 for all. [default: 8]"),
+    )
+    engine = True
+    shardable = True
+
+    def items(self, config: AttributionConfig) -> Sequence[Any]:
+        items = list(registry.get(config.dataset).items(config.dataset_config()))
+        return items[: config.first] if config.first else items
+
+    def plan(self, lm: Any, item: Any, config: AttributionConfig) -> tuple[Any, list[int], list[int], Readout, Any]:
+        """The item's prompt signal, its span tokens, the attributed tokens, the read-out and the plan."""
+        from contllm.readout import digits
+
+        plan = registry.get(config.dataset).plan_item(lm, item, config.dataset_config())
+        marked = plan.signals[0]
+        span = [i for i, d in enumerate(marked.durations.tolist()) if d == _MARK]
+        if not span:
+            raise ExperimentError(f"item {item.id}: the prompt has no span to attribute")
+        signal = marked.scale_tokens(span, 1 / _MARK)
+        n = len(signal)
+        if config.tokens == "all":
+            tokens = list(range(1, n))
+        else:
+            assert signal.text is not None and signal.offsets is not None
+            tokens = list(range(line_start(signal.text, signal.offsets, signal.offsets[span[0]][0]), n))
+        sets = digits(lm.tokenizer)
+        if config.readout == "count":
+            readout = Readout.expectation(sets)
+        else:
+            readout = Readout.label(sets, str(plan.truth), log=config.readout == "log-truth")
+        return signal, span, tokens, readout, plan
+
+    def run(self, lm: Any, config: AttributionConfig, items: Sequence[Any], context: Context) -> Iterator[tuple[str, ItemAttribution]]:
+        evaluate = context.evaluate
+        if evaluate is None:
+            from contllm.engine import Engine
+
+            evaluate = Engine(lm).probs
+        for item in items:
+            signal, span, tokens, readout, plan = self.plan(lm, item, config)
+            found = attribute(lm, signal, readout, tokens, steps=config.steps, floor=config.floor)
+            _, changes = occlusion(lm, signal, readout, tokens, factors=(0.0, 0.5), evaluate=evaluate)
+            assert signal.text is not None and signal.offsets is not None
+            yield item.id, ItemAttribution(
+                item_id=item.id, readout=readout.name, text=signal.text, offsets=list(signal.offsets), tokens=tokens,
+                attribution=found.attributions, occlusion=changes[0], shrink=changes[1], span=span,
+                full=found.full, baseline=found.baseline, start=found.start, steps=config.steps, floor=config.floor,
+                truth=plan.truth, meta={**plan.meta, "rule": found.meta["rule"], "panels": found.meta["panels"]},
+            )
+
+    def decode(self, data: dict[str, Any]) -> ItemAttribution:
+        return ItemAttribution.from_dict(data)
+
+    def result(self, model: str, config: Any, records: Sequence[ItemAttribution]) -> AttributionResult:
+        return AttributionResult(self.name, model, self.config_dict(config), list(records))
+
+    def load_result(self, data: dict[str, Any]) -> AttributionResult:
+        return AttributionResult.from_dict(data)
+
+    def tables(self, result: AttributionResult) -> dict[str, Table]:
+        return {"results": (TOKEN_COLUMNS, token_rows(result)),
+                "items": (ITEM_COLUMNS, [item_row(r) for r in result.items])}
+
+    def summary(self, result: AttributionResult) -> dict[str, Any]:
+        """Worst and mean completeness error, mean precision@k of each measure, and their agreement."""
+        from contllm import metrics
+
+        if not result.items:
+            raise ExperimentError("the result holds no items")
+        rows = [item_row(r) for r in result.items]
+        out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(rows)}
+        errors = [row["completeness_error"] for row in rows]
+        out["max_completeness_error"] = float(np.max(errors))
+        out["mean_completeness_error"] = float(np.mean(errors))
+        out["max_completeness_abs"] = float(np.max([row["completeness_abs"] for row in rows]))
+        for key in ("precision_attribution", "precision_occlusion", "precision_shrink", "chance"):
+            values = [row[key] for row in rows if np.isfinite(row[key])]
+            out[f"mean_{key}"] = float(np.mean(values)) if values else float("nan")
+        for other in ("occlusion", "shrink"):
+            rhos = [metrics.spearman(r.attribution, getattr(r, other)) for r in result.items if len(r.tokens) > 2]
+            rhos = [v for v in rhos if np.isfinite(v)]
+            out[f"mean_spearman_attribution_{other}"] = float(np.mean(rhos)) if rhos else float("nan")
+        return out
+
+    def report_columns(self, result: AttributionResult) -> dict[str, Any]:
+        config = result.config
+        return {"dataset": config.get("dataset"), "tokens": config.get("tokens"), "readout": config.get("readout"),
+                "steps": config.get("steps")}
+
+    def figures(self, result: AttributionResult, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
+        from contllm.attribution import render as figures
+
+        yield "summary", figures.summary_figure(result)
+        if per_item:
+            for r in result.items:
+                yield f"items/{r.item_id}", figures.text_heatmap(r, title=f"{result.model} · {r.item_id} · {r.readout}")
+
+    def documents(self, result: AttributionResult, *, per_item: bool = True) -> Iterator[tuple[str, str]]:
+        from contllm.attribution import render as figures
+
+        if per_item:
+            for r in result.items:
+                yield f"figures/items/{r.item_id}.html", figures.html_page(r, model=result.model)
+
+
+EXPERIMENT = AttributionExperiment()

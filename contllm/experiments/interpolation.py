@@ -1,0 +1,523 @@
+"""Word interpolation on yes/no questions: "Are {} yellow?" with the word moved from apples to bananas.
+
+Each item is a pair of words (plural nouns) and a question with one ``{}`` for the word.
+The word's embedding goes from the first word (alpha = 0) to the second (alpha = 1),
+linearly or by slerp, over the word's tokens (aligned in time when the two words
+tokenize into different numbers of tokens, as in :mod:`contllm.interpolate`); P(yes)
+and P(no) are read out over every casing, with and without a leading space.
+
+Questions are grouped by the words they are true for: *both*, *neither*, *first* only
+or *second* only. A model whose answer follows the embedding should keep its answer on
+*both*/*neither* questions and cross over from yes to no (*first*) or no to yes
+(*second*) somewhere between the two words.
+
+Datasets (``--data FILE``, or the built-in ``contllm/data/interpolation.json``) hold
+either rows of this module's own schema (``first``, ``second``, ``question`` and
+``group`` or ``answer_first``/``answer_second``) or rows of the paper's embedding-question
+shape (``options`` [A, B] and ``questions``: a list, answers unknown, or an object of
+``both``/``neither``/``first``/``second`` lists). Words are located by character span.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from contllm.data.user import Row, data_option_help, read_data_file, read_rows, unique_ids
+from contllm.errors import ExperimentError, SignalError
+from contllm.experiments.options import Option
+from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
+from contllm.experiments.sweeps import ExperimentResult, Plan, Sweep, SweepExperiment, sweep_options, sweep_values
+from contllm.interpolate import interpolate_spans
+from contllm.readout import TokenSets
+from contllm.signal import Signal
+
+#: Question groups: which of the two words the answer is "yes" for.
+GROUPS = ("both", "neither", "first", "second")
+ANSWERS = {"both": (True, True), "neither": (False, False), "first": (True, False), "second": (False, True)}
+
+#: Eight answered questions about other things (four yes, four no), then the item's
+#: question. SmolLM2-135M barely tells yes from no on any format tried (measured over the
+#: built-in 176 questions x 2 words at alpha 0 and 1, argmax of yes vs no): this one 50.9%,
+#: with P(yes) / (P(yes) + P(no)) 0.26 where the answer is yes against 0.20 where it is no;
+#: thirteen shots 53.4% (0.35 / 0.28) at twice the prompt length; six shots, a chat turn and
+#: plain completions 50-51%, nearly always "No". See the README for both models.
+SHOTS = (
+    ("Are tigers animals?", "Yes"), ("Can rocks swim?", "No"), ("Do ducks have feathers?", "Yes"),
+    ("Are clouds made of stone?", "No"), ("Are grapes fruit?", "Yes"), ("Do lions lay eggs?", "No"),
+    ("Can turtles fly?", "No"), ("Can horses run?", "Yes"),
+)
+DEFAULT_TEMPLATE = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in SHOTS) + "Question: {question}\nAnswer:"
+CHAT_TEMPLATE = "{question} Answer with Yes or No."
+
+#: The read-out: every casing of yes and no (each also with a leading space).
+YES_NO_SPELLINGS = {"yes": ["yes", "Yes", "YES"], "no": ["no", "No", "NO"]}
+
+DATA_SCHEMA = (
+    "first, second (the words), question (with {} for the word), group (both|neither|first|second) "
+    "or answer_first/answer_second (true|false), optional id; or the paper's shape: options [A, B] and "
+    "questions (a list, answers unknown, or an object of both/neither/first/second lists)"
+)
+
+
+def yes_no(tokenizer: Any) -> TokenSets:
+    """Token sets of yes and no (every casing, with or without a leading space)."""
+    return TokenSets.build(tokenizer, YES_NO_SPELLINGS)
+
+
+@dataclass(frozen=True)
+class WordItem:
+    """One sweep: ``question`` (with ``{}``) asked of ``first`` (alpha 0) moved into ``second`` (alpha 1).
+
+    group: both/neither/first/second, or None when the answers are unknown.
+    """
+
+    id: str
+    first: str
+    second: str
+    question: str
+    group: str | None = None
+
+    @property
+    def pair(self) -> str:
+        return f"{slug(self.first)}-{slug(self.second)}"
+
+    @property
+    def answers(self) -> tuple[bool, bool] | None:
+        """(answer for the first word, answer for the second), or None when unknown."""
+        return None if self.group is None else ANSWERS[self.group]
+
+
+STOP_WORDS = frozenset(
+    "a an the are is do does did can could will would be have has of on in at to with and or for by "
+    "as from their your you they people it its".split()
+)
+
+
+def slug(text: str, *, keep_stop_words: bool = True) -> str:
+    """Lower-case words of ``text`` joined by '-' (``{}`` and punctuation dropped)."""
+    words = re.findall(r"[a-z0-9]+", text.replace("{}", " ").lower())
+    if not keep_stop_words:
+        words = [w for w in words if w not in STOP_WORDS] or words
+    return "-".join(words) or "w"  # a word of no Latin letters or digits still gets an id
+
+
+def question_slug(question: str) -> str:
+    """A short readable name for a question: its content words, at most three ("Are {} yellow?" -> "yellow")."""
+    words = slug(question, keep_stop_words=False).split("-")
+    return "-".join(words[:3]) or "q"
+
+
+def _check_question(text: str) -> str | None:
+    if text.count("{}") != 1:
+        return "must hold exactly one {} (where the word goes)"
+    if "{" in text.replace("{}", "") or "}" in text.replace("{}", ""):
+        return "may hold no braces besides the one {}"
+    return None
+
+
+def _word(row: Row, value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise row.error("must be a non-empty word", field)
+    if "{" in value or "}" in value:
+        raise row.error("may not hold braces", field)
+    if value != value.strip():
+        raise row.error("may not start or end with a space", field)
+    return value
+
+
+def _item(row: Row, first: str, second: str, question: str, group: str | None, id_: str | None = None) -> WordItem:
+    name = id_ or f"{slug(first)}-{slug(second)}-{question_slug(question)}"
+    return WordItem(name, first, second, question, group)
+
+
+def items_from_rows(rows: Sequence[Row]) -> list[WordItem]:
+    """Items from dataset rows of either shape (see the module docstring); ExperimentError naming file, row and field."""
+    items: list[WordItem] = []
+    for row in rows:
+        if row.has("options"):
+            options = row.strings("options")
+            if len(options) != 2:
+                raise row.error(f"must list exactly two words [A, B], got {len(options)}", "options")
+            first, second = (_word(row, w, "options") for w in options)
+            if first == second:
+                raise row.error("the two words must differ", "options")
+            questions = row.get("questions", (list, dict))
+            if isinstance(questions, list):
+                if not questions or not all(isinstance(q, str) for q in questions):
+                    raise row.error("must be a non-empty list of strings or an object of lists", "questions")
+                grouped: list[tuple[str | None, list[str]]] = [(None, questions)]
+            else:
+                unknown = sorted(set(questions) - set(GROUPS))
+                if unknown:
+                    raise row.error(f"unknown group(s) {', '.join(unknown)}; groups are {', '.join(GROUPS)}", "questions")
+                grouped = []
+                for group in GROUPS:
+                    qs = questions.get(group, [])
+                    if not isinstance(qs, list) or not all(isinstance(q, str) for q in qs):
+                        raise row.error(f"group {group!r} must be a list of strings", "questions")
+                    grouped.append((group, qs))
+                if not any(qs for _, qs in grouped):
+                    raise row.error("holds no questions", "questions")
+            for group, qs in grouped:
+                for q in qs:
+                    problem = _check_question(q)
+                    if problem:
+                        raise row.error(f"question {q!r} {problem}", "questions")
+                    items.append(_item(row, first, second, q, group))
+        else:
+            first = _word(row, row.get("first"), "first")
+            second = _word(row, row.get("second"), "second")
+            if first == second:
+                raise row.error("the two words must differ", "second")
+            question = row.get("question", check=_check_question)
+            if row.has("group"):
+                group = row.get("group", check=lambda g: None if g in GROUPS else f"must be one of {', '.join(GROUPS)}")
+            elif row.has("answer_first") or row.has("answer_second"):
+                group = {v: k for k, v in ANSWERS.items()}[(row.get("answer_first", bool), row.get("answer_second", bool))]
+            else:
+                group = None
+            items.append(_item(row, first, second, question, group, row.get("id", str, None)))
+    return _numbered(items, rows[0].path if rows else "dataset")
+
+
+def _numbered(items: list[WordItem], path: str) -> list[WordItem]:
+    """Derived ids made unique by a suffix (-2, -3, ...); ids given in the file must be unique already."""
+    seen: dict[str, int] = {}
+    out = []
+    for item in items:
+        count = seen.get(item.id, 0) + 1
+        seen[item.id] = count
+        out.append(item if count == 1 else WordItem(f"{item.id}-{count}", item.first, item.second, item.question, item.group))
+    return unique_ids(out, path)
+
+
+def load_items(path: str | None = None) -> list[WordItem]:
+    """The items of a dataset file (``path``), or of the built-in dataset (None)."""
+    if path is not None:
+        return items_from_rows(read_rows(path))
+    with resources.as_file(resources.files("contllm.data").joinpath("interpolation.json")) as builtin:
+        return items_from_rows(read_rows(builtin))
+
+
+@dataclass
+class InterpolationConfig:
+    """Options of the word-interpolation experiment.
+
+    template: prompt with a {question} field (the item's question with the word filled in);
+        None picks the default (or the chat default with chat).
+    method: "linear" or "slerp" interpolation of the word's embeddings.
+    low, high, samples: the values of alpha (within [0, 1]).
+    pairs: word pairs to keep (names like apples-bananas; None: all).
+    data: a dataset file instead of the built-in one (its sha256 is kept in data_sha256).
+    chat: use the chat template.
+    """
+
+    template: str | None = None
+    method: str = "linear"
+    low: float = 0.0
+    high: float = 1.0
+    samples: int = 11
+    pairs: tuple[str, ...] | None = None
+    data: str | None = None
+    chat: bool = False
+    data_sha256: str | None = field(default=None, init=False)  # what --resume must find again
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.low <= self.high <= 1.0):
+            raise ExperimentError(f"alpha range must lie within 0,1 with min <= max, got {self.low},{self.high}")
+        sweep_values(self.low, self.high, self.samples, include=None)
+        if self.method not in ("linear", "slerp"):
+            raise ExperimentError(f"method must be 'linear' or 'slerp', got {self.method!r}")
+        check_template(self.resolved_template(), ("question",), required=("question",))
+        if self.pairs is not None:
+            self.pairs = tuple(self.pairs)
+        if self.data is not None:  # a malformed file is refused here, before a model loads
+            self.data, self.data_sha256 = read_data_file(self.data, load_items)
+
+    def resolved_template(self) -> str:
+        if self.template is not None:
+            return self.template
+        return CHAT_TEMPLATE if self.chat else DEFAULT_TEMPLATE
+
+    def alphas(self) -> np.ndarray:
+        return sweep_values(self.low, self.high, self.samples, include=None)
+
+
+def word_items(config: InterpolationConfig) -> list[WordItem]:
+    """The items of ``config``'s dataset, narrowed to ``config.pairs``; ExperimentError for an unknown pair."""
+    items = load_items(config.data)
+    if config.pairs is None:
+        return items
+    known = list(dict.fromkeys(item.pair for item in items))
+    wanted = [slug(p) for p in config.pairs]
+    unknown = [p for p in wanted if p not in known]
+    if unknown:
+        raise ExperimentError(
+            f"--pairs: unknown pair(s) {', '.join(unknown)}; pairs look like {', '.join(known[:3])}, ... ({len(known)} pairs)"
+        )
+    return [item for item in items if item.pair in wanted]
+
+
+def render_word(lm: Any, item: WordItem, word: str, config: InterpolationConfig) -> Rendered:
+    """The prompt asking ``item.question`` of ``word``, with the word's span under "word"."""
+    if config.chat:
+        rendered = render(item.question.replace("{}", "{word}"), {"word": word}, required=("word",))
+        outer = render(config.resolved_template(), {"question": rendered.text}, required=("question",))
+        offset = outer.spans["question"][0][0]
+        rendered = Rendered(outer.text, {"word": [(a + offset, b + offset) for a, b in rendered.spans["word"]]})
+        return apply_chat(lm.tokenizer, rendered)
+    full = config.resolved_template().replace("{question}", item.question.replace("{}", "{word}"))
+    return render(full, {"word": word}, required=("word",))
+
+
+def ends(lm: Any, item: WordItem, config: InterpolationConfig, *, embed: bool = True) -> tuple[Signal, Any, Signal, Any]:
+    """The two plain prompts (embedded unless ``embed`` is false) and the word's span in each."""
+    out: list[Any] = []
+    for word in (item.first, item.second):
+        rendered = render_word(lm, item, word, config)
+        signal = Signal.from_text(lm.tokenizer, rendered.text, add_special_tokens=not config.chat)
+        if embed:
+            signal = signal.embedded(lm.model.get_input_embeddings())
+        out += [signal, rendered.spans["word"][0]]
+    return tuple(out)  # type: ignore[return-value]
+
+
+def check_item(lm: Any, item: WordItem, config: InterpolationConfig) -> None:
+    """ExperimentError unless the two prompts hold the same tokens outside the word (as interpolation needs)."""
+    sa, span_a, sb, span_b = ends(lm, item, config, embed=False)
+    ia, ib = sa.token_indices(span_a), sb.token_indices(span_b)
+    assert sa.token_ids is not None and sb.token_ids is not None
+    before = sa.token_ids[: ia[0]].tolist() == sb.token_ids[: ib[0]].tolist()
+    after = sa.token_ids[ia[-1] + 1:].tolist() == sb.token_ids[ib[-1] + 1:].tolist()
+    if not (before and after):
+        raise ExperimentError(
+            f"item {item.id}: the tokenizer splits the text around {item.first!r} and {item.second!r} differently, "
+            "so the word cannot be interpolated alone; reword the question"
+        )
+
+
+def plan_item(lm: Any, item: WordItem, config: InterpolationConfig) -> Plan:
+    """The sweep of one item: the word's span interpolated over alpha; yes/no read out."""
+    sa, span_a, sb, span_b = ends(lm, item, config)
+    alphas = config.alphas()
+    try:
+        signals = [interpolate_spans(sa, span_a, sb, span_b, float(x), method=config.method) for x in alphas]  # type: ignore[arg-type]
+    except SignalError as err:
+        raise ExperimentError(f"item {item.id}: {err}") from None
+    answers = item.answers
+    meta = {
+        "first": item.first,
+        "second": item.second,
+        "question": item.question,
+        "group": item.group,
+        "answer_first": None if answers is None else answers[0],
+        "answer_second": None if answers is None else answers[1],
+        "method": config.method,
+        "tokens_first": len(sa.token_indices(span_a)),
+        "tokens_second": len(sb.token_indices(span_b)),
+    }
+    return Plan(item.id, alphas, signals, yes_no(lm.tokenizer), truth=None, meta=meta)
+
+
+# ------------------------------------------------------------------------------ numbers
+
+
+def yes_share(sweep: Sweep) -> np.ndarray:
+    """P(yes) / (P(yes) + P(no)) along the sweep [S]."""
+    yes, no = sweep.column("yes"), sweep.column("no")
+    total = yes + no
+    return yes / np.where(total > 0, total, np.nan)
+
+
+def crossing(x: np.ndarray, share: np.ndarray) -> float | None:
+    """The first alpha where ``share`` crosses 0.5 (linear between samples), or None when it stays on one side."""
+    side = share > 0.5
+    for k in range(1, len(x)):
+        if side[k] != side[k - 1]:
+            lo, hi = share[k - 1] - 0.5, share[k] - 0.5
+            return float(x[k - 1] + (x[k] - x[k - 1]) * lo / (lo - hi))
+    return None
+
+
+def crossed_over(sweep: Sweep) -> bool | None:
+    """For a first/second question: whether the answer moves from the first word's to the second's.
+
+    "first": yes (share > 0.5) at the sweep's start and no at its end; "second": the
+    reverse. None for other groups.
+    """
+    group = sweep.meta.get("group")
+    if group not in ("first", "second"):
+        return None
+    share = yes_share(sweep)
+    start, end = share[0] > 0.5, share[-1] > 0.5
+    return (start and not end) if group == "first" else (end and not start)
+
+
+def summarize_sweeps(sweeps: Sequence[Sweep]) -> dict[str, Any]:
+    """Accuracy at both ends, crossover share and mean crossing alpha, flips and smoothness."""
+    from contllm import metrics
+
+    out: dict[str, Any] = {}
+    known = [s for s in sweeps if s.meta.get("group") is not None]
+    for at, key, name in ((0.0, "answer_first", "accuracy_at_alpha_0"), (1.0, "answer_second", "accuracy_at_alpha_1")):
+        marks = [(s.at(at)[s.labels.index("yes")] > s.at(at)[s.labels.index("no")]) == bool(s.meta[key])
+                 for s in known if np.isclose(s.x, at).any()]
+        if known and len(marks) == len(known):
+            out[name] = float(np.mean(marks))
+    if known:
+        yes_answers = [yes_share(s)[0] for s in known if s.meta["answer_first"]] + [yes_share(s)[-1] for s in known if s.meta["answer_second"]]
+        no_answers = [yes_share(s)[0] for s in known if not s.meta["answer_first"]] + [yes_share(s)[-1] for s in known if not s.meta["answer_second"]]
+        if yes_answers and no_answers:
+            out["mean_yes_share_when_yes"] = float(np.nanmean(yes_answers))
+            out["mean_yes_share_when_no"] = float(np.nanmean(no_answers))
+    switching = [s for s in sweeps if s.meta.get("group") in ("first", "second")]
+    out["first_second_items"] = len(switching)
+    if switching:
+        crossed = [s for s in switching if crossed_over(s)]
+        out["crossover_share"] = len(crossed) / len(switching)
+        points = [crossing(s.x, yes_share(s)) for s in crossed]
+        points = [p for p in points if p is not None]
+        out["mean_crossing_alpha"] = float(np.mean(points)) if points else float("nan")
+    flips = [s for s in sweeps if (yes_share(s)[0] > 0.5) != (yes_share(s)[-1] > 0.5)]
+    out["flip_share"] = len(flips) / len(sweeps)
+    shapes = [metrics.smoothness(s.x, yes_share(s)) for s in sweeps if len(s.x) > 1 and np.isfinite(yes_share(s)).all()]
+    if shapes:
+        out["mean_total_variation_yes_share"] = float(np.mean([m.total_variation for m in shapes]))
+        out["mean_max_jump_yes_share"] = float(np.mean([m.max_jump for m in shapes]))
+    return out
+
+
+class InterpolationExperiment(SweepExperiment):
+    name = "interpolation"
+    help = "A word's embedding moved into another's inside a yes/no question; P(yes) and P(no) read out."
+    description = (
+        'Each item asks a yes/no question of a word ("Are {} yellow?") whose embedding moves from the first '
+        "word of a pair (alpha 0, e.g. apples) to the second (alpha 1, bananas), linearly or by slerp, aligned "
+        "in time when the words have different token counts; yes and no (every casing) are read out. Questions "
+        "are grouped both/neither/first/second by the words they are true for. --template takes a {question} "
+        "field (the question with the word in it). Item ids look like "
+        "apples-bananas-yellow (22 pairs x 8 questions built in)."
+    )
+    Config = InterpolationConfig
+    options = (
+        *sweep_options("alpha (within 0,1)", "0,1", 11),
+        Option("method", "str", "linear or slerp interpolation. [default: linear]"),
+        Option("pairs", "words", "Comma-separated word pairs to keep, e.g. apples-bananas,cats-goldfish. [default: all]"),
+        Option("data", "str", data_option_help(DATA_SCHEMA)),
+    )
+    x_label = "alpha"
+
+    def items(self, config: InterpolationConfig) -> Sequence[WordItem]:
+        return word_items(config)
+
+    def check(self, lm: Any, config: InterpolationConfig) -> None:
+        for item in word_items(config):
+            check_item(lm, item, config)
+
+    def plan_item(self, lm: Any, item: WordItem, config: InterpolationConfig) -> Plan:
+        return plan_item(lm, item, config)
+
+    def describe(self, sweep: Sweep) -> str:
+        m = sweep.meta
+        answers = "" if m.get("group") is None else f" (yes for: {m.get('group')})"
+        return f"{m.get('first')} -> {m.get('second')}: {m.get('question')}{answers}, {m.get('method')}"
+
+    def summary(self, result: ExperimentResult) -> dict[str, Any]:
+        """See :func:`summarize_sweeps`."""
+        if not result.sweeps:
+            raise ExperimentError("the result holds no sweeps")
+        return {"experiment": result.experiment, "model": result.model, "items": len(result.sweeps),
+                **summarize_sweeps(result.sweeps)}
+
+    def summary_figure(self, result: ExperimentResult) -> Any:
+        return summary_figure(result)
+
+    def comparison(self, results: Sequence[tuple[str, ExperimentResult]]) -> Any:
+        return comparison_figure([(label, r, self.summary(r)) for label, r in results])
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def _groups(sweeps: Sequence[Sweep]) -> dict[str, list[Sweep]]:
+    out: dict[str, list[Sweep]] = {}
+    for group in (*GROUPS, None):
+        chosen = [s for s in sweeps if s.meta.get("group") == group]
+        if chosen:
+            out["unknown" if group is None else group] = chosen
+    return out
+
+
+def _mean_share(sweeps: Sequence[Sweep]) -> tuple[np.ndarray, np.ndarray, int]:
+    """The most common alpha grid, the mean yes-share on it and how many sweeps it holds."""
+    from contllm.experiments.figures import _common_grid
+
+    x, same = _common_grid(sweeps)
+    return x, np.nanmean([yes_share(s) for s in same], axis=0), len(same)
+
+
+def summary_figure(result: ExperimentResult) -> Any:
+    """One panel per question group: every item's yes-share against alpha (thin) and their mean (thick)."""
+    from contllm.plotting import plt
+
+    groups = _groups(result.sweeps)
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.9 * len(groups), 3.6), squeeze=False, constrained_layout=True)
+    for ax, (group, sweeps) in zip(axes.flat, groups.items()):
+        for s in sweeps:
+            ax.plot(s.x, yes_share(s), "-", color="tab:blue", lw=0.7, alpha=0.35)
+        x, mean, n = _mean_share(sweeps)
+        ax.plot(x, mean, "-", color="black", lw=2.4, label=f"mean of {n}")
+        ax.axhline(0.5, color="0.5", ls=":", lw=1)
+        answers = ANSWERS.get(group)
+        title = f"{group}: " + ("answers unknown" if answers is None else
+                                f"yes for {'first' if answers[0] else '-'}/{'second' if answers[1] else '-'}")
+        ax.set(title=title, xlabel="alpha (first word -> second)", ylabel="P(yes) / (P(yes) + P(no))", ylim=(-0.02, 1.02))
+        ax.title.set_fontsize(9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{result.model} · word interpolation · {len(result.sweeps)} items", fontsize=12)
+    return fig
+
+
+def comparison_figure(runs: Sequence[tuple[str, ExperimentResult, dict[str, Any]]]) -> Any:
+    """Runs side by side: the mean yes-share per group against alpha, and the accuracy at both ends."""
+    from contllm.plotting import plt
+
+    fig, (curves, bars) = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
+    colors = plt.get_cmap("tab10")
+    styles = {"both": "-", "neither": ":", "first": "--", "second": "-.", "unknown": (0, (1, 3))}
+    for k, (label, result, _) in enumerate(runs):
+        for group, sweeps in _groups(result.sweeps).items():
+            x, mean, n = _mean_share(sweeps)
+            curves.plot(x, mean, linestyle=styles[group], color=colors(k % 10), lw=1.8, label=f"{label}: {group} ({n})")
+    curves.set(xlabel="alpha (first word -> second)", ylabel="mean P(yes) / (P(yes) + P(no))", ylim=(-0.02, 1.02),
+               title="mean yes-share per question group")
+    curves.grid(alpha=0.3)
+    curves.legend(fontsize=6, ncol=2)
+    width = 0.8 / len(runs)
+    positions = np.arange(3)
+    keys = ("accuracy_at_alpha_0", "accuracy_at_alpha_1", "crossover_share")
+    for k, (label, _, summary) in enumerate(runs):
+        values = [summary.get(key) for key in keys]
+        offset = positions - 0.4 + width * (k + 0.5)
+        bars.bar(offset, [np.nan if v is None else v for v in values], width, color=colors(k % 10), label=label)
+        for xpos, v in zip(offset, values):
+            bars.annotate("n/a" if v is None else f"{v:.2f}", (xpos, 0 if v is None or not np.isfinite(v) else v),
+                          ha="center", va="bottom", fontsize=7)
+    bars.set_xticks(positions, ["accuracy at alpha 0", "accuracy at alpha 1", "first/second questions\ncrossing over"])
+    bars.set(ylim=(0, 1.3), yticks=np.linspace(0, 1, 6), title="accuracy at the ends and crossover share")
+    bars.legend(fontsize=7, loc="upper center", ncol=min(len(runs), 3))
+    bars.grid(alpha=0.3, axis="y")
+    for ax in (curves, bars):
+        ax.title.set_fontsize(9)
+    fig.suptitle("interpolation: " + " vs ".join(dict.fromkeys(label for label, _, _ in runs)), fontsize=12)
+    return fig
+
+
+EXPERIMENT = InterpolationExperiment()

@@ -1,0 +1,526 @@
+"""Sums: a number's duration in arithmetic.
+
+A word problem adds two whole numbers ("Mia has 23 apples and buys 45 more. ..."); the
+tokens of one of them have their duration scaled by c wherever the prompt fills it in (its
+field in the problem, and the template's {first} or {second}, as in the default answer
+"23 + 45 = ").
+The first digit of the answer is read out over the digits 0-9, and the whole number
+through greedy steps: the most probable digit is appended (duration 1) and the prompt
+evaluated again, as long as the most probable next token is a digit. One engine call
+per step evaluates every factor of an item that is still writing its number.
+
+The implied sum at c reads each digit of the greedy answer as its expectation (the
+digit distribution at that step, along the greedy path), weighted by its place. A model
+that read a number lasting c as c times the number would follow the line
+a·c + b (a: the scaled number, b: the other), through the true sum at c = 1.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from contllm import metrics
+from contllm.data.paper import SUMS_FIELDS, sums_rows
+from contllm.data.user import data_option_help, read_data_file, read_rows, unique_ids
+from contllm.errors import ExperimentError
+from contllm.experiments.base import Context, Experiment, Table
+from contllm.experiments.options import Option
+from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.experiments.sweeps import DurationSweepConfig, sweep_options, sweep_values
+from contllm.signal import Signal
+
+#: Worked examples: the problem, then its sum written out. SmolLM2-135M writes the right
+#: sum for about half of the built-in problems with this format, and for none when the
+#: answer follows the question directly (the README has the figures).
+SHOTS = (
+    ("Tom has 12 pens and gets 31 more. How many pens does Tom have now?", 12, 31),
+    ("A bakery sold 25 pies in the morning and 34 pies in the afternoon. How many pies did it sell?", 25, 34),
+    ("Rosa has 48 cards and her brother gives her 27 more. How many cards does Rosa have?", 48, 27),
+    ("There are 16 ducks on a pond and 53 more arrive. How many ducks are on the pond now?", 16, 53),
+)
+DEFAULT_TEMPLATE = (
+    "".join(f"Question: {p}\nAnswer: {a} + {b} = {a + b}\n\n" for p, a, b in SHOTS)
+    + "Question: {problem}\nAnswer: {first} + {second} = "
+)
+CHAT_TEMPLATE = "{problem} Reply with the number only."
+FIELDS = ("problem", "first", "second")
+
+#: Largest number a problem may add (the answer is read digit by digit).
+MOST = 999_999
+
+#: What a row of a --data file holds, for --help and the README.
+DATA_SCHEMA = (
+    "problem (a text with {first}, {second} and optionally {name}), first, second (whole numbers), and "
+    "optionally id, name, scaled (first or second; default first); or the paper's " + ", ".join(SUMS_FIELDS)
+)
+
+
+@dataclass(frozen=True)
+class SumItem:
+    """A word problem adding two whole numbers.
+
+    problem: the text with {first}, {second} (and optionally {name}) fields; scaled:
+    "first" or "second", the number whose tokens are scaled.
+    """
+
+    id: str
+    problem: str
+    first: int
+    second: int
+    name: str = ""
+    scaled: str = "first"
+
+    @property
+    def truth(self) -> int:
+        return self.first + self.second
+
+    @property
+    def numbers(self) -> tuple[int, int]:
+        """(the scaled number a, the other number b)."""
+        return (self.first, self.second) if self.scaled == "first" else (self.second, self.first)
+
+    def rendered(self) -> Rendered:
+        """The problem's text and the character spans of its fields."""
+        return render(self.problem, {"first": str(self.first), "second": str(self.second), "name": self.name},
+                      required=("first", "second"))
+
+
+def read_sums(path: str | Path) -> list[SumItem]:
+    """The problems of a dataset file (the project's rows or the paper's; see :mod:`contllm.data.paper`).
+
+    Every problem is an ExperimentError naming the file, the row and the field.
+    """
+    def number(value: int) -> str | None:
+        return None if 0 <= value <= MOST else f"must be a whole number from 0 to {MOST}, got {value}"
+
+    items = []
+    for row in sums_rows(read_rows(path)):
+        item = SumItem(
+            id=row.get("id", str, default=f"sum-{row.number:03d}"), problem=row.get("problem"),
+            first=row.get("first", int, check=number), second=row.get("second", int, check=number),
+            name=row.get("name", str, default=""),
+            scaled=row.get("scaled", str, default="first",
+                           check=lambda v: None if v in ("first", "second") else f"must be 'first' or 'second', got {v!r}"),
+        )
+        try:
+            item.rendered()
+        except ExperimentError as err:
+            raise row.error(str(err), "problem") from None
+        if "{name}" in item.problem and not item.name:
+            raise row.error("the problem has a {name} field but the row gives no name", "name")
+        items.append(item)
+    return unique_ids(items, str(path))
+
+
+def load_sums() -> list[SumItem]:
+    """The built-in problems (contllm/data/sums.json): two-digit numbers, the first one scaled."""
+    import contllm.data
+
+    return read_sums(Path(contllm.data.__file__).with_name("sums.json"))
+
+
+@dataclass
+class SumsConfig(DurationSweepConfig):
+    """Options of the sums experiment.
+
+    template: the prompt, with a {problem} field and optionally {first} and {second}
+        (the numbers written again; the scaled one is scaled there too); None: the default.
+    low, high, samples: the duration factors c, evenly spaced (1.0 added when inside).
+    chat: wrap the prompt in the model's chat template.
+    data: a dataset file (:func:`read_sums`) instead of the built-in problems; its
+        contents' sha256 is kept in data_sha256, so that a resumed run refuses a changed file.
+    """
+
+    DEFAULT_TEMPLATE: ClassVar[str] = DEFAULT_TEMPLATE
+    CHAT_TEMPLATE: ClassVar[str] = CHAT_TEMPLATE
+    FIELDS: ClassVar[tuple[str, ...]] = FIELDS
+    REQUIRED: ClassVar[tuple[str, ...]] = ("problem",)
+
+    low: float = 0.1
+    high: float = 1.5
+    samples: int = 8
+    data: str | None = None
+    data_sha256: str | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.data is not None:
+            self.data, self.data_sha256 = read_data_file(self.data, read_sums)
+
+    def factors(self) -> np.ndarray:
+        return sweep_values(self.low, self.high, self.samples)
+
+
+def render_item(lm: Any, item: SumItem, config: SumsConfig) -> Rendered:
+    """The item's prompt; its spans hold "scaled": every place where the scaled number is written."""
+    problem = item.rendered()
+    outer = render(config.resolved_template(), {"problem": problem.text, "first": str(item.first),
+                                                "second": str(item.second)}, required=("problem",))
+    spans = list(outer.spans[item.scaled])
+    for start, _ in outer.spans["problem"]:
+        spans += [(start + a, start + b) for a, b in problem.spans[item.scaled]]
+    rendered = Rendered(outer.text, {"scaled": sorted(spans)})
+    return apply_chat(lm.tokenizer, rendered) if config.chat else rendered
+
+
+@dataclass
+class SumRecord:
+    """One problem over the factors x [S]: the digit distributions of each greedy step and the answers.
+
+    steps[k][i]: the probabilities [10] of the digits (labels) at step k for factor x[i],
+    None where that factor's number had ended. answers[i]: the greedy digits at x[i].
+    truth = first + second; scaled and other: the scaled number a and the other one b.
+    """
+
+    item_id: str
+    x: np.ndarray
+    labels: list[str]
+    steps: list[list[list[float] | None]]
+    answers: list[str]
+    truth: int
+    scaled: int
+    other: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"item_id": self.item_id, "x": [float(v) for v in self.x], "labels": list(self.labels),
+                "steps": self.steps, "answers": list(self.answers), "truth": self.truth, "scaled": self.scaled,
+                "other": self.other, "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SumRecord:
+        try:
+            record = cls(str(data["item_id"]), np.asarray(data["x"], dtype=np.float64), [str(v) for v in data["labels"]],
+                         [[None if row is None else [float(p) for p in row] for row in step] for step in data["steps"]],
+                         [str(a) for a in data["answers"]], int(data["truth"]), int(data["scaled"]), int(data["other"]),
+                         dict(data.get("meta") or {}))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ExperimentError(f"malformed sums record: {exc}") from None
+        size = len(record.x)
+        if (not record.steps or len(record.answers) != size or any(len(step) != size for step in record.steps)
+                or not all(a.isdigit() for a in record.answers)):
+            raise ExperimentError(f"malformed sums record {record.item_id}: steps and answers must cover every factor")
+        return record
+
+    def first_digit(self) -> np.ndarray:
+        """The digit probabilities [S, 10] of the answer's first digit."""
+        return np.array(self.steps[0], dtype=np.float64)
+
+    def greedy(self) -> np.ndarray:
+        """The greedy answer [S] at each factor, as a number."""
+        return np.array([int(a) for a in self.answers], dtype=np.float64)
+
+    def implied(self) -> np.ndarray:
+        """The implied sum [S]: each greedy digit's expectation at its step, weighted by its place."""
+        values = np.arange(len(self.labels), dtype=np.float64)
+        out = np.zeros(len(self.x))
+        for i, answer in enumerate(self.answers):
+            for k in range(len(answer)):
+                p = np.asarray(self.steps[k][i], dtype=np.float64)
+                out[i] += 10.0 ** (len(answer) - 1 - k) * float(p @ values / p.sum())
+        return out
+
+    def line(self) -> np.ndarray:
+        """a·c + b [S]: the sum if the scaled number were read as c times itself."""
+        return self.scaled * self.x + self.other
+
+
+def measures(record: SumRecord) -> dict[str, float]:
+    """One problem's numbers.
+
+    correct_at_1 / first_digit_correct_at_1: the greedy answer (its first digit) at c = 1
+    is the true sum (nan without c = 1 on the sweep); slope, intercept, r2: the implied
+    sum fitted on c; slope_ratio: that slope over the scaled number a (1 on the line
+    a·c + b); spearman: rank correlation of the implied sum with c; mae_line: mean
+    |implied sum - (a·c + b)|.
+    """
+    nan = float("nan")
+    implied, x = record.implied(), record.x
+    ones = np.flatnonzero(np.isclose(x, 1.0, atol=1e-9))
+    truth = str(record.truth)
+    fit = metrics.linear_fit(x, implied) if len(x) > 1 and np.ptp(x) > 0 else None
+    return {
+        "correct_at_1": float(record.answers[ones[0]] == truth) if len(ones) else nan,
+        "first_digit_correct_at_1": float(record.answers[ones[0]][0] == truth[0]) if len(ones) else nan,
+        "slope": fit.slope if fit else nan,
+        "intercept": fit.intercept if fit else nan,
+        "r2": fit.r2 if fit else nan,
+        "slope_ratio": fit.slope / record.scaled if fit and record.scaled else nan,
+        "spearman": metrics.spearman(x, implied) if len(x) > 1 else nan,
+        "mae_line": float(np.mean(np.abs(implied - record.line()))),
+    }
+
+
+MEASURES = ("correct_at_1", "first_digit_correct_at_1", "slope", "intercept", "r2", "slope_ratio", "spearman",
+            "mae_line")
+
+
+@dataclass
+class SumsResult:
+    """Every problem's record from one run, with the configuration that made it."""
+
+    experiment: str
+    model: str
+    config: dict[str, Any]
+    records: list[SumRecord]
+
+    def common(self) -> tuple[np.ndarray, list[SumRecord]]:
+        """The most common factor grid and the records on it (a run uses one)."""
+        grid = Counter(tuple(np.round(r.x, 12)) for r in self.records).most_common(1)[0][0]
+        return np.array(grid), [r for r in self.records if tuple(np.round(r.x, 12)) == grid]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment": self.experiment, "model": self.model, "config": self.config,
+                "records": [r.to_dict() for r in self.records]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SumsResult:
+        try:
+            return cls(str(data["experiment"]), str(data["model"]), dict(data["config"]),
+                       [SumRecord.from_dict(r) for r in data["records"]])
+        except (KeyError, TypeError) as exc:
+            raise ExperimentError(f"malformed results file: missing {exc}") from None
+
+
+def _appended(signal: Signal, token: int) -> Signal:
+    """``signal`` followed by ``token`` of duration 1 (one step after its end)."""
+    assert signal.token_ids is not None
+    return replace(signal, token_ids=torch.cat([signal.token_ids, torch.tensor([token])]),
+                   durations=torch.cat([signal.durations, torch.ones(1, dtype=torch.float64)]), text=None, offsets=None)
+
+
+def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRecord:
+    """Evaluate one problem: the first digit at every factor, then one greedy step per digit (one call per step)."""
+    from contllm.readout import decoded_vocabulary, digits
+
+    sets = digits(lm.tokenizer)
+    vocabulary = decoded_vocabulary(lm.tokenizer)
+    # A digit continues the number only when it is written without a leading space.
+    digit_of = {i: label for label, ids in zip(sets.labels, sets.token_ids) for i in ids if vocabulary[i] == label}
+    rendered = render_item(lm, item, config)
+    base = Signal.from_text(lm.tokenizer, rendered.text, add_special_tokens=not config.chat)
+    x = config.factors()
+    signals = [base.scale(rendered.spans["scaled"], float(c)) for c in x]
+    answers = [""] * len(x)
+    live = list(range(len(x)))
+    steps: list[list[list[float] | None]] = []
+    for step in range(len(str(item.truth)) + 1):
+        probs = evaluate([signals[i] for i in live]).float()
+        gathered = sets.gather(probs).cpu().numpy().astype(np.float64)
+        if not np.isfinite(gathered).all():
+            raise ExperimentError(f"item {item.id}: the model produced non-finite probabilities")
+        rows: list[list[float] | None] = [None] * len(x)
+        going = []
+        for j, i in enumerate(live):
+            rows[i] = [float(p) for p in gathered[j]]
+            if step == 0:  # the first digit is read among the digits, whatever the top token
+                label = sets.labels[int(np.argmax(gathered[j]))]
+                ids = sets.token_ids[sets.labels.index(label)]
+                token = ids[int(probs[j, list(ids)].argmax())]
+            else:
+                token = int(probs[j].argmax())
+                if token not in digit_of:
+                    continue
+                label = digit_of[token]
+            answers[i] += label
+            signals[i] = _appended(signals[i], token)
+            going.append(i)
+        steps.append(rows)
+        live = going
+        if not live:
+            break
+    a, b = item.numbers
+    meta = {"problem": item.rendered().text, "scaled_field": item.scaled, "tokens": len(base)}
+    return SumRecord(item.id, x, list(sets.labels), steps, answers, item.truth, a, b, meta)
+
+
+class SumsExperiment(Experiment):
+    name = "sums"
+    help = "Word problems adding two numbers, one number's duration scaled by a factor; the answer read digit by digit."
+    description = (
+        "Each item is a word problem adding two numbers (32 built-in problems with two-digit numbers, ids sum-001 ...); "
+        "the tokens of one number, wherever the prompt fills it in, have their duration scaled by c. The first digit "
+        "of the answer is read out over the digits 0-9 and the whole number through one greedy step per digit. "
+        "Reports the implied sum against the line a·c + b through the true sum. --data FILE reads the problems "
+        "from a JSON, JSONL or CSV file instead."
+    )
+    Config = SumsConfig
+    options = (
+        *sweep_options("the duration factor c", "0.1,1.5", 8),
+        Option("data", "str", data_option_help(DATA_SCHEMA)),
+    )
+    engine = True
+    shardable = True
+    unit = "problem"
+
+    def items(self, config: SumsConfig) -> Sequence[SumItem]:
+        return load_sums() if config.data is None else read_sums(config.data)
+
+    def run(self, lm: Any, config: SumsConfig, items: Sequence[SumItem], context: Context) -> Iterator[tuple[str, SumRecord]]:
+        evaluate = context.evaluate
+        if evaluate is None:
+            from contllm.engine import Engine
+
+            evaluate = Engine(lm).probs
+        for item in items:
+            yield item.id, run_item(lm, item, config, evaluate)
+
+    def decode(self, data: dict[str, Any]) -> SumRecord:
+        return SumRecord.from_dict(data)
+
+    def result(self, model: str, config: Any, records: Sequence[SumRecord]) -> SumsResult:
+        return SumsResult(self.name, model, self.config_dict(config), list(records))
+
+    def load_result(self, data: dict[str, Any]) -> SumsResult:
+        return SumsResult.from_dict(data)
+
+    def tables(self, result: SumsResult) -> dict[str, Table]:
+        def per_factor() -> Iterator[dict[str, Any]]:
+            for r in result.records:
+                for i, (c, implied, line) in enumerate(zip(r.x, r.implied(), r.line())):
+                    yield {"item": r.item_id, "factor": float(c), "answer": r.answers[i], "implied": float(implied),
+                           "line": float(line), "truth": r.truth}
+
+        def per_digit() -> Iterator[dict[str, Any]]:
+            for r in result.records:
+                for k, c, row in ((k, c, row) for k, step in enumerate(r.steps) for c, row in zip(r.x, step) if row):
+                    yield from ({"item": r.item_id, "factor": float(c), "step": k + 1, "label": label, "probability": p}
+                                for label, p in zip(r.labels, row))
+
+        per_item = [{"item": r.item_id, "truth": r.truth, "scaled": r.scaled, **measures(r)} for r in result.records]
+        return {"results": (["item", "factor", "answer", "implied", "line", "truth"], per_factor()),
+                "digits": (["item", "factor", "step", "label", "probability"], per_digit()),
+                "items": (["item", "truth", "scaled", *MEASURES], per_item)}
+
+    def summary(self, result: SumsResult) -> dict[str, Any]:
+        """Accuracy at c = 1, the per-problem :func:`measures` averaged over problems (``mean_``), the median slope ratio."""
+        if not result.records:
+            raise ExperimentError("the result holds no records")
+        per_item = [measures(r) for r in result.records]
+        out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(per_item)}
+
+        def mean(key: str) -> float:
+            values = [m[key] for m in per_item if np.isfinite(m[key])]
+            return float(np.mean(values)) if values else float("nan")
+
+        out["accuracy_at_1"] = mean("correct_at_1")
+        out["first_digit_accuracy_at_1"] = mean("first_digit_correct_at_1")
+        for key in ("slope", "slope_ratio", "r2", "spearman", "mae_line"):
+            out[f"mean_{key}"] = mean(key)
+        # A greedy answer with a digit too many (152 for 83) moves a problem's slope by a hundred.
+        ratios = [m["slope_ratio"] for m in per_item if np.isfinite(m["slope_ratio"])]
+        out["median_slope_ratio"] = float(np.median(ratios)) if ratios else float("nan")
+        return out
+
+    def report_columns(self, result: SumsResult) -> dict[str, Any]:
+        x, _ = result.common() if result.records else (np.array([np.nan]), [])
+        return {"factor_min": float(x.min()), "factor_max": float(x.max()), "samples": len(x)}
+
+    def figures(self, result: SumsResult, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
+        yield "summary", summary_figure(result)
+        if per_item:
+            for r in result.records:
+                yield f"items/{r.item_id}", item_figure(result, r)
+
+    def comparison(self, results: Sequence[tuple[str, SumsResult]]) -> Any:
+        return comparison_figure(results)
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def read_share(record: SumRecord) -> np.ndarray:
+    """(implied sum - b) / a [S]: how much of the scaled number the sum holds (c on the line; nan when a = 0)."""
+    if record.scaled == 0:
+        return np.full(len(record.x), np.nan)
+    return (record.implied() - record.other) / record.scaled
+
+
+def item_figure(result: SumsResult, record: SumRecord) -> Any:
+    """One problem: the implied sum and the greedy answer against c with the line a·c + b; the first digit below."""
+    from contllm.plotting import plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 7), sharex=True, constrained_layout=True)
+    top.plot(record.x, record.implied(), "k-o", ms=3, label="implied sum")
+    top.plot(record.x, record.greedy(), "s", color="tab:blue", ms=4, alpha=0.7, label="greedy answer")
+    top.plot(record.x, record.line(), "--", color="tab:orange", label=f"{record.scaled}·c + {record.other}")
+    top.axhline(record.truth, color="0.5", ls=":", lw=1, label=f"true sum {record.truth}")
+    top.set_ylabel("sum")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    colors = plt.get_cmap("tab10")
+    first = record.first_digit()
+    for j, label in enumerate(record.labels):
+        bold = label == str(record.truth)[0]
+        bottom.plot(record.x, first[:, j], "-", lw=2.6 if bold else 1.2, color=colors(j), label=label)
+    bottom.set(xlabel="duration factor c of the scaled number", ylabel="P(first digit)", ylim=(-0.02, 1.02))
+    bottom.grid(alpha=0.3)
+    bottom.legend(fontsize=7, ncol=5, title="first digit (true one bold)", title_fontsize=7)
+    problem = str(record.meta.get("problem", ""))
+    top.set_title(f"{result.model} · sums · {record.item_id}: {record.scaled} scaled\n{problem[:110]}", fontsize=9)
+    return fig
+
+
+def summary_figure(result: SumsResult) -> Any:
+    """Across problems: how much of the scaled number the implied sum holds, and which answers are written, against c."""
+    from contllm.plotting import plt
+
+    x, records = result.common()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
+    shares = np.array([read_share(r) for r in records])
+    for row in shares:
+        left.plot(x, row, "-", color="0.8", lw=0.8)
+    low, median, high = np.nanpercentile(shares, [25, 50, 75], axis=0)
+    left.fill_between(x, low, high, color="0.4", alpha=0.25, label="25-75% of problems")
+    left.plot(x, median, "k-o", ms=3, lw=2, label=f"median over {len(records)} problems")
+    left.plot(x, x, "--", color="tab:orange", label="read as c times the number (a·c + b)")
+    # An answer with a digit too many puts a problem far off the scale; the median keeps its place.
+    left.set(xlabel="duration factor c of the scaled number a", ylabel="(implied sum − b) / a", ylim=(-1.0, 3.0),
+             title="share of the scaled number in the implied sum (clipped to -1..3)")
+    greedy = np.array([r.greedy() for r in records])
+    truth = np.array([[r.truth] for r in records])
+    other = np.array([[r.other] for r in records])
+    right.plot(x, np.mean(greedy == truth, axis=0), "-o", ms=3, label="greedy answer = a + b")
+    right.plot(x, np.mean(greedy == other, axis=0), "-s", ms=3, label="greedy answer = b (a left out)")
+    right.set(xlabel="duration factor c of the scaled number a", ylabel="share of problems", ylim=(-0.02, 1.02),
+              title="answers written")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.title.set_fontsize(9)
+    fig.suptitle(f"{result.model} · sums · {len(result.records)} problems", fontsize=12)
+    return fig
+
+
+def comparison_figure(results: Sequence[tuple[str, SumsResult]]) -> Any:
+    """Runs side by side: the median share of the scaled number and the accuracy against c."""
+    from contllm.plotting import plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
+    colors = plt.get_cmap("tab10")
+    for k, (label, result) in enumerate(results):
+        x, records = result.common()
+        left.plot(x, np.nanmedian([read_share(r) for r in records], axis=0), "-o", ms=3, color=colors(k % 10),
+                  label=f"{label} ({len(records)} problems)")
+        right.plot(x, np.mean([r.greedy() == r.truth for r in records], axis=0), "-o", ms=3, color=colors(k % 10),
+                   label=label)
+    grid = np.concatenate([result.common()[0] for _, result in results])
+    left.plot(np.sort(grid), np.sort(grid), "--", color="0.4", label="a·c + b")
+    left.set(xlabel="duration factor c", ylabel="median (implied sum − b) / a", title="share of the scaled number")
+    right.set(xlabel="duration factor c", ylabel="share of problems", ylim=(-0.02, 1.02),
+              title="greedy answer = true sum")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("sums: " + " vs ".join(dict.fromkeys(label for label, _ in results)), fontsize=12)
+    return fig
+
+
+EXPERIMENT = SumsExperiment()

@@ -1,0 +1,227 @@
+"""Time as a whole: every duration of a prompt scaled by s, or every time shifted by tau.
+
+``scaling`` multiplies the whole time axis by s: every duration, and the integration
+start with them, so the first token stays at time 0 and token i sits at s*i (s = 1 is
+the stock model). ``translation`` adds tau to every time, the integration start
+included (t_0 = -1 + tau). Both read the whole next-token distribution and track the
+tokens above the threshold (:mod:`contllm.experiments.tracking`).
+
+Rotary families see only differences of times, so a translated prompt must give the
+same distribution up to float rounding; the translation summary reports the largest
+change of any token's probability from tau = 0. A learned position table (GPT-2) is
+read at fractional times by linear interpolation between its rows, and translation
+moves its outputs; the same numbers say by how much.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from contllm.data.user import data_option_help
+from contllm.errors import ExperimentError
+from contllm.experiments.options import Option
+from contllm.experiments.sweeps import sweep_values
+from contllm.experiments.tracking import (
+    DEFAULT_THRESHOLD,
+    PromptItem,
+    SweepPlan,
+    TrackingExperiment,
+    TrackResult,
+    check_threshold,
+    load_items,
+)
+
+#: The invariance a rotary family must show under translation: max |dp| from tau = 0.
+TOLERANCE = 1e-4
+PROMPT_ROWS = "id, prompt (other fields, such as those of tokens, are ignored)"
+
+
+@dataclass
+class ScalingConfig:
+    """Options of the scaling experiment: s from ``low`` to ``high`` (> 0), ``samples`` values, 1.0 added when inside."""
+
+    low: float = 0.01
+    high: float = 1.5
+    samples: int = 30
+    threshold: float = DEFAULT_THRESHOLD
+    data: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.low <= 0:
+            raise ExperimentError(
+                f"the scale s must be positive (s = 0 puts every token at one time); the range starts at {self.low:g}"
+            )
+        sweep_values(self.low, self.high, self.samples)
+        check_threshold(self.threshold)
+
+    def values(self) -> np.ndarray:
+        return sweep_values(self.low, self.high, self.samples)
+
+
+@dataclass
+class TranslationConfig:
+    """Options of the translation experiment: tau from ``low`` to ``high`` (holding 0, the reference), ``samples`` values."""
+
+    low: float = 0.0
+    high: float = 10.0
+    samples: int = 21
+    threshold: float = DEFAULT_THRESHOLD
+    data: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.low <= 0.0 <= self.high:
+            raise ExperimentError(
+                f"the tau range {self.low:g},{self.high:g} must hold 0 (the reference every shift is compared with)"
+            )
+        sweep_values(self.low, self.high, self.samples, include=0.0)
+        check_threshold(self.threshold)
+
+    def values(self) -> np.ndarray:
+        return sweep_values(self.low, self.high, self.samples, include=0.0)
+
+
+def scaled(signal: Any, s: float) -> Any:
+    """``signal`` with its whole time axis multiplied by s: every duration and the start (times s * t)."""
+    return replace(signal, durations=signal.durations * s, start=signal.start * s)
+
+
+def translated(signal: Any, tau: float) -> Any:
+    """``signal`` with every time and the integration start shifted by tau."""
+    return replace(signal, start=signal.start + tau)
+
+
+def _meta(lm: Any, item: PromptItem, base: Any) -> dict[str, Any]:
+    return {"prompt": item.prompt, "tokens": len(base), "family": lm.family.name, "positions": lm.family.positions}
+
+
+def _check_table(lm: Any, items: Sequence[PromptItem], latest: float, earliest: float, what: str) -> None:
+    """ExperimentError when a learned position table would be read outside its rows (it would be clamped)."""
+    if lm.family.positions != "learned":
+        return
+    rows = int(getattr(lm.model.config, "n_positions", 0) or getattr(lm.model.config, "max_position_embeddings", 0))
+    if earliest < 0:
+        raise ExperimentError(
+            f"{what}: the first token would sit at time {earliest:g}, before the position table's first row"
+        )
+    for item in items:
+        end = lm.signal(item.prompt).end
+        last = end * latest if what == "scaling" else end + latest  # the latest time the sweep reaches
+        if last > rows - 1:
+            raise ExperimentError(f"{what}: item {item.id} reaches beyond the {rows} rows of the position table")
+
+
+class ScalingExperiment(TrackingExperiment):
+    name = "scaling"
+    help = "Every duration of a prompt scaled by s (the whole time axis); every token above a threshold tracked."
+    description = (
+        "Each prompt's whole time axis is multiplied by s: every token lasts s steps and token i sits at time s*i "
+        "(s = 1: the stock model; s -> 0: every token at nearly one time). The whole next-token distribution is read "
+        "at each s, and every token whose probability exceeds --threshold somewhere is tracked. Items are the prompts "
+        "of the tokens dataset (ids such as capital-france), or --data."
+    )
+    Config = ScalingConfig
+    unit = "prompt"
+    options = (
+        Option("range", "range", "MIN,MAX of the scale s (> 0). [default: 0.01,1.5]"),
+        Option("samples", "int", "Values of s per prompt (1.0 is added when inside the range). [default: 30]"),
+        Option("threshold", "float",
+               f"Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]"),
+        Option("data", "str", data_option_help(PROMPT_ROWS)),
+    )
+
+    def items(self, config: ScalingConfig) -> Sequence[PromptItem]:
+        return load_items(config.data, edits=False)
+
+    def check(self, lm: Any, config: ScalingConfig) -> None:
+        _check_table(lm, self.items(config), config.high, 0.0, "scaling")
+
+    def sweep(self, lm: Any, item: PromptItem, config: ScalingConfig) -> SweepPlan:
+        base = lm.signal(item.prompt)
+        values = config.values()
+        return SweepPlan("s", values, [scaled(base, float(s)) for s in values], 1.0, _meta(lm, item, base))
+
+    def summary(self, result: TrackResult) -> dict[str, Any]:
+        """Tracked tokens and distances; at the smallest s, TV from s = 1 and whether the argmax holds; how far down it does."""
+        out = self.common_summary(result)
+        with_one = [t for t in result.tracks if t.reference is not None and t.tv is not None]
+        if with_one:
+            at_min = [(t, int(np.argmin(t.x)), int(np.flatnonzero(t.x == t.reference)[0])) for t in with_one]
+            out["smallest_s"] = float(min(t.x.min() for t in with_one))
+            out["mean_tv_at_smallest_s"] = float(np.mean([t.tv[k] for t, k, _ in at_min]))  # type: ignore[index]
+            out["share_argmax_kept_at_smallest_s"] = float(np.mean([t.top_ids[k] == t.top_ids[r] for t, k, r in at_min]))
+            out["mean_lowest_s_keeping_argmax"] = float(np.mean([_lowest_kept(t.x, t.top_ids, r) for t, _, r in at_min]))
+        return out
+
+
+def _lowest_kept(x: np.ndarray, top_ids: list[int], ref: int) -> float:
+    """The smallest s from which up to s = 1 the most probable token is the one at s = 1."""
+    order = np.argsort(x)
+    position = int(np.flatnonzero(order == ref)[0])
+    lowest = float(x[ref])
+    for k in order[:position][::-1]:
+        if top_ids[int(k)] != top_ids[ref]:
+            break
+        lowest = float(x[int(k)])
+    return lowest
+
+
+class TranslationExperiment(TrackingExperiment):
+    name = "translation"
+    help = "Every time of a prompt shifted by tau; max |dp| from tau = 0 (rotary models: float noise only)."
+    description = (
+        "Each prompt is shifted in time: every token's time and the integration start move by tau. Rotary models "
+        "see only time differences, so the distribution must not move beyond float rounding; the summary reports "
+        f"the largest change of any token's probability from tau = 0 (within {TOLERANCE:g} is invariant). A learned "
+        "position table (GPT-2) is interpolated at fractional times and moves. Items are the prompts of the tokens "
+        "dataset (ids such as capital-france), or --data."
+    )
+    Config = TranslationConfig
+    unit = "prompt"
+    distance = "max_dp"
+    options = (
+        Option("range", "range", "MIN,MAX of the shift tau (must hold 0). [default: 0,10]"),
+        Option("samples", "int", "Values of tau per prompt (0 is added when inside the range). [default: 21]"),
+        Option("threshold", "float",
+               f"Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]"),
+        Option("data", "str", data_option_help(PROMPT_ROWS)),
+    )
+
+    def items(self, config: TranslationConfig) -> Sequence[PromptItem]:
+        return load_items(config.data, edits=False)
+
+    def check(self, lm: Any, config: TranslationConfig) -> None:
+        _check_table(lm, self.items(config), config.high, config.low, "translation")
+
+    def sweep(self, lm: Any, item: PromptItem, config: TranslationConfig) -> SweepPlan:
+        base = lm.signal(item.prompt)
+        values = config.values()
+        return SweepPlan("tau", values, [translated(base, float(tau)) for tau in values], 0.0, _meta(lm, item, base))
+
+    def summary(self, result: TrackResult) -> dict[str, Any]:
+        """max |dp| from tau = 0 over every token and shift: overall, per prompt, at the largest tau; within TOLERANCE?"""
+        out = self.common_summary(result)
+        tracks = [t for t in result.tracks if t.max_dp is not None]
+        positions = sorted({str(t.meta.get("positions")) for t in result.tracks})
+        out["positions"] = ",".join(positions)
+        if tracks:
+            per_item = {t.item_id: float(t.max_dp.max()) for t in tracks}  # type: ignore[union-attr]
+            tau_max = float(max(t.x.max() for t in tracks))
+            at_max = [float(t.max_dp[int(np.argmax(t.x))])  # type: ignore[index]
+                      for t in tracks if np.isclose(t.x.max(), tau_max)]
+            out["max_abs_dp"] = max(per_item.values())
+            out["mean_max_abs_dp"] = float(np.mean(list(per_item.values())))
+            out["tau_max"] = tau_max
+            out["max_abs_dp_at_tau_max"] = max(at_max)
+            out["max_tv"] = float(max(t.tv.max() for t in tracks))  # type: ignore[union-attr]
+            out["tolerance"] = TOLERANCE
+            out["within_tolerance"] = bool(out["max_abs_dp"] <= TOLERANCE)
+            out["max_abs_dp_by_item"] = per_item
+        return out
+
+
+SCALING = ScalingExperiment()
+TRANSLATION = TranslationExperiment()

@@ -1,0 +1,240 @@
+"""Duration attribution on tiny random models: completeness, causality, occlusion, the experiment and its files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from contllm import ContinuousLM, ExperimentError, registry
+from contllm.attribution import Readout, attribute, differentiable_rotary, gauss_legendre_log, occlusion
+from contllm.data import load_counting
+from contllm.errors import SignalError
+from contllm.experiments.attribution import EXPERIMENT, AttributionResult, ItemAttribution, line_start
+from contllm.experiments.counting import SHOTS
+from contllm.lm import wrap
+from contllm.readout import TokenSets
+from contllm.signal import Signal
+from tests.unit.tiny import prompt, random_durations, tiny_model, tiny_model64
+
+pytestmark = pytest.mark.unit
+
+#: Four labels over a 97-token vocabulary; "expectation" makes them a count 0..3.
+SETS = TokenSets(tuple("0123"), ((5, 6), (7,), (8, 9), (10,)))
+
+
+@pytest.fixture(scope="module")
+def lm64() -> ContinuousLM:
+    return wrap(tiny_model64("llama"))
+
+
+def random_signal(n: int = 12) -> Signal:
+    return Signal.from_ids(prompt(n, seed=3), random_durations(n, seed=4))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_attributions_over_all_but_the_first_token_sum_to_the_change_at_256_steps(family: str) -> None:
+    lm = wrap(tiny_model64(family))
+    found = attribute(lm, random_signal(), Readout.expectation(SETS), steps=256)
+    assert found.tokens == list(range(1, 12)) and found.baseline != found.full
+    assert abs(found.remainder) <= 1e-5 * abs(found.total) and found.smallest > 1e-12
+    assert found.completeness_error <= 1e-4, found.completeness_error
+
+
+def test_a_token_alone_gets_exactly_its_occlusion(lm64: ContinuousLM) -> None:
+    signal = random_signal()
+    readout = Readout.label(SETS, "2", log=True)
+    full, changes = occlusion(lm64, signal, readout, [4, 9], factors=(0.0, 0.5))
+    for k, j in enumerate([4, 9]):
+        found = attribute(lm64, signal, readout, [j], steps=256)
+        assert found.meta["prefix"] == j and found.full == pytest.approx(full, abs=1e-6)  # the engine reads float32 probabilities
+        # one token: completeness says its attribution is f(full) - f(without it), i.e. its occlusion
+        assert float(found.attributions[0]) == pytest.approx(float(changes[0, k]), rel=1e-4, abs=1e-7)
+    assert np.all(np.abs(changes[1]) < np.abs(changes[0]) * 1.5 + 1e-9)  # halving moves f, like deleting
+
+
+def test_a_token_the_read_position_cannot_see_gets_exactly_zero(lm64: ContinuousLM) -> None:
+    n = 10
+    times = torch.arange(n, dtype=torch.float64)
+    times[3] = 20.0  # token 3 comes later in time than every other token, the read one included
+    signal = Signal.from_ids(prompt(n, seed=5), random_durations(n, seed=6), times=times)
+    found = attribute(lm64, signal, Readout.expectation(SETS), steps=32)
+    assert found.attributions[found.tokens.index(3)] == 0.0
+    assert np.count_nonzero(found.attributions) == n - 2
+    # read in the middle: every later token is unseen
+    middle = attribute(lm64, random_signal(), Readout.expectation(SETS), position=5, steps=32)
+    later = np.array(middle.tokens) > 5
+    assert np.all(middle.attributions[later] == 0.0) and np.all(middle.attributions[~later] != 0.0)
+
+
+def test_the_rotary_patch_lets_gradients_reach_positions_and_is_undone() -> None:
+    model = tiny_model("llama")
+    rotary = model.model.rotary_emb
+    x = torch.zeros(1, 3, 4)
+    positions = torch.tensor([[0.0, 1.5, 2.0]], requires_grad=True)
+    assert rotary(x, positions)[0].grad_fn is None  # the stock forward runs under no_grad
+    with differentiable_rotary(model) as switched:
+        assert switched == 1
+        cos, _ = rotary(x, positions)
+        (grad,) = torch.autograd.grad(cos.sum(), positions)
+        assert grad.abs().sum() > 0
+    assert "forward" not in vars(rotary) and rotary(x, positions)[0].grad_fn is None
+    with pytest.raises(RuntimeError, match="boom"), differentiable_rotary(model):
+        raise RuntimeError("boom")
+    assert "forward" not in vars(rotary)
+    attribute(wrap(model), random_signal(), Readout.expectation(SETS), steps=16)
+    assert "forward" not in vars(rotary) and all(p.requires_grad for p in model.parameters())
+
+
+def test_read_outs_agree_from_logits_and_from_probabilities() -> None:
+    logits = torch.randn(3, 97, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 3
+    probs = torch.softmax(logits, -1)
+    for readout in (Readout.expectation(SETS), Readout.label(SETS, "1"), Readout.label(SETS, "1", log=True),
+                    Readout.tokens([5, 7]), Readout.tokens(7, log=True)):
+        assert np.allclose(readout.from_logits(logits).numpy(), readout.from_probs(probs), atol=1e-10)
+    p = SETS.gather(probs).numpy()
+    assert np.allclose(Readout.expectation(SETS).from_probs(probs), p @ np.arange(4) / p.sum(1))
+    with pytest.raises(SignalError, match="no label"):
+        Readout.label(SETS, "7")
+
+
+def test_the_log_tau_rule_integrates_exactly_where_it_should() -> None:
+    tau, w = gauss_legendre_log(16, 1e-6)
+    assert np.all((tau > 1e-6) & (tau < 1)) and w.sum() == pytest.approx(-np.log(1e-6))
+    assert w @ tau == pytest.approx(1 - 1e-6)  # the integral of d tau = tau d(log tau)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"steps": 0}, "steps must be an integer"),
+        ({"floor": 1.0}, "floor must be 0"),
+        ({"tokens": [3, 3]}, "repeat"),
+        ({"tokens": [40]}, "outside a signal"),
+        ({"tokens": list(range(12))}, "baseline is undefined"),
+        ({"rule": "simpson"}, "rule must be one of"),
+        ({"position": 12}, "position must be"),
+    ],
+)
+def test_bad_arguments_raise_before_anything_runs(lm64: ContinuousLM, kwargs: dict, needle: str) -> None:
+    with pytest.raises(SignalError, match=needle):
+        attribute(lm64, random_signal(), Readout.expectation(SETS), **kwargs)
+
+
+def test_a_sliding_window_keeps_completeness_only_where_no_key_crosses_its_edge() -> None:
+    """A window in time is a sharp edge: a key that enters it along the path makes f jump, which no gradient sees."""
+    lm = wrap(tiny_model64("gemma3"))  # local layers with a window of 4 time units
+    short = Signal.from_ids(prompt(8, seed=3), torch.full((8,), 0.5, dtype=torch.float64))
+    inside = attribute(lm, short, Readout.expectation(SETS), steps=256)
+    assert inside.meta["window_crossings"] == 0 and inside.completeness_error <= 1e-4
+    crossed = attribute(lm, random_signal(), Readout.expectation(SETS), steps=256)
+    assert crossed.meta["window_crossings"] > 0 and crossed.completeness_error > 1e-2
+
+
+# ------------------------------------------------------------------------------ the experiment
+def word_tokenizer() -> PreTrainedTokenizerFast:
+    """Word-level: the few-shot words, the first counting words, the digits and the prompt's punctuation."""
+    words = [w for w, _ in SHOTS] + [item.word for item in load_counting()[:4]] + ["contains", "words", '"', "."]
+    vocab = ["<unk>"] + list(dict.fromkeys(words + [str(k) for k in range(10)]))
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+
+
+OPTIONS = {"steps": "16", "first": "2"}
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from contllm.runner import run
+
+    lm = ContinuousLM(tiny_model("llama"), word_tokenizer())
+    return run("attribution", options=OPTIONS, lm=lm, model="tiny-llama", out=tmp_path_factory.mktemp("attr") / "run")
+
+
+def test_a_run_writes_tables_summary_figures_and_html(full_run: Path) -> None:
+    result = AttributionResult.from_dict(json.loads((full_run / "results.json").read_text()))
+    assert [r.item_id for r in result.items] == ["count-001", "count-002"]
+    record = result.items[0]
+    # the item line: '"', the words, '"', 'contains' (the word-level tokenizer drops spaces)
+    assert [record.piece(j) for j in record.tokens] == ['"', "apple", "apple", '"', "contains"]
+    assert [record.piece(j) for j in record.span] == ["apple", "apple"]
+    summary = json.loads((full_run / "summary.json").read_text())
+    assert summary["items"] == 2 and summary["max_completeness_error"] == max(r.completeness_error for r in result.items)
+    assert 0 <= summary["mean_precision_attribution"] <= 1 and record.chance() == pytest.approx(2 / 5)
+    assert summary["mean_chance"] == pytest.approx(np.mean([r.chance() for r in result.items]))
+    assert (full_run / "results.csv").read_text().startswith("item,index,token,in_span,attribution,occlusion,shrink")
+    assert len((full_run / "items.csv").read_text().splitlines()) == 3
+    for name in ("summary.png", "items/count-001.png", "items/count-001.pdf", "items/count-002.html"):
+        assert (full_run / "figures" / name).is_file()
+    page = (full_run / "figures" / "items" / "count-001.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "&quot;" in page and "<script" not in page
+
+
+def test_records_round_trip_and_rank_the_span() -> None:
+    record = ItemAttribution(
+        "x", "E[k]", "a b c d", [(0, 1), (2, 3), (4, 5), (6, 7)], [1, 2, 3], np.array([0.5, -0.1, 2.0]),
+        np.array([0.1, 0.2, 0.3]), np.array([0.0, 0.1, 0.0]), [1, 3], 2.0, 0.0, 0.0, 16, 0.0,
+    )
+    assert record.precision(record.attribution) == 1.0 and record.precision(record.occlusion) == 0.5
+    assert record.chance() == pytest.approx(2 / 3) and record.completeness_abs == pytest.approx(0.4)
+    again = ItemAttribution.from_dict(json.loads(json.dumps(record.to_dict())))
+    assert again.tokens == record.tokens and np.array_equal(again.attribution, record.attribution)
+    with pytest.raises(ExperimentError, match="malformed attribution record"):
+        ItemAttribution.from_dict({**record.to_dict(), "shrink": [0.0]})
+    assert line_start("ab\ncd", [(0, 1), (1, 2), (3, 4), (4, 5)], 4) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--dataset", "boolean"], "--dataset must be one of counting, events"),
+        (["--steps", "4"], "--steps must be an integer from 8"),
+        (["--floor", "1"], "--floor must be 0"),
+        (["--tokens", "some"], "--tokens must be one of item, all"),
+        (["--readout", "mean"], "--readout must be one of count, truth, log-truth"),
+        (["--first", "-1"], "--first must be an integer >= 0"),
+        (["--template", "no field"], "the template has no {words} field"),
+        (["--data", "no-such-file.jsonl"], "no-such-file.jsonl: no such file"),
+    ],
+)
+def test_bad_options_give_one_line_and_status_2(args: list[str], needle: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from contllm.cli import app
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", "attribution", *args, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.output
+    assert not out.exists()
+
+
+def test_the_experiment_is_registered_and_selects_items() -> None:
+    assert registry.get("attribution") is EXPERIMENT and EXPERIMENT.engine
+    assert [i.id for i in EXPERIMENT.items(EXPERIMENT.config())] == [f"count-00{k}" for k in range(1, 9)]
+    assert len(EXPERIMENT.items(EXPERIMENT.config({"first": "0"}))) == 130
+    assert EXPERIMENT.items(EXPERIMENT.config({"dataset": "events", "first": "1"}))[0].id == "story-001"
+
+
+def test_resume_recomputes_only_the_lost_item(full_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from contllm.runner import run
+
+    out = tmp_path / "run"
+    shutil.copytree(full_run, out)
+    kept = (out / "items" / "count-001.json").stat().st_mtime_ns
+    (out / "items" / "count-002.json").unlink()
+    lm = ContinuousLM(tiny_model("llama"), word_tokenizer())
+    run("attribution", options=OPTIONS, lm=lm, model="tiny-llama", out=out, resume=True)
+    assert (out / "items" / "count-001.json").stat().st_mtime_ns == kept
+    before = json.loads((full_run / "results.json").read_text())["items"][1]
+    after = json.loads((out / "results.json").read_text())["items"][1]
+    assert np.allclose(after["attribution"], before["attribution"], atol=1e-6) and after["tokens"] == before["tokens"]
