@@ -225,9 +225,9 @@ class _Execution:
         finished = set(plan.chosen) - set(pending)
         mine: list[str] = []
 
-        def share(work: list[Any]) -> list[Any]:  # groups of items, or items
+        def share(work: list[Any]) -> list[Any]:  # the unfinished items
             part = procs.share(work)
-            mine.extend(i for entry in part for i in _ids(entry) if i not in finished)
+            mine.extend(item.id for item in part)
             plan.say(f"process {procs.rank + 1} of {procs.world_size}: {len(mine)} of {len(pending)} unfinished {unit}s")
             return part
 
@@ -262,11 +262,6 @@ class _Execution:
         # Every item is in `done`, so this only assembles the records in the items' order.
         return run_experiment(self.lm, plan.name, plan.config, items=plan.resolved["items"], skip=done,
                               model_name=plan.model, seed=plan.resolved["seed"])
-
-
-def _ids(entry: Any) -> list[str]:
-    """The item ids of one entry of shared work: a group of items, or one item."""
-    return [item.id for item in entry] if isinstance(entry, list) else [entry.id]
 
 
 def _is_half(lm: Any) -> bool:

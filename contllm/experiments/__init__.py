@@ -94,17 +94,20 @@ def compute_records(
 
     Items are computed in the experiment's groups (:meth:`Experiment.groups`): a group
     with any record missing is computed whole, and the records it yields for items in
-    ``skip`` are dropped. share: under a launch, takes the list of work (groups, or
-    items when the experiment has none) and returns this process's part of it.
+    ``skip`` are dropped. share: under a launch, takes the unfinished items and returns
+    this process's part of them, which is then grouped on its own (every process gets
+    work; the records agree with a single process's to float summation order).
     """
-    groups = experiment.groups(lm, config, chosen)
-    if groups is None:
-        pending = [item for item in chosen if item.id not in skip]
-        calls = [share(pending) if share is not None else pending]
+    if share is not None:
+        mine = share([item for item in chosen if item.id not in skip])
+        groups = experiment.groups(lm, config, mine) if mine else []
+        calls = [mine] if groups is None else groups
     else:
-        calls = [group for group in groups if any(item.id not in skip for item in group)]
-        if share is not None:
-            calls = share(calls)
+        groups = experiment.groups(lm, config, chosen)
+        if groups is None:
+            calls = [[item for item in chosen if item.id not in skip]]
+        else:
+            calls = [group for group in groups if any(item.id not in skip for item in group)]
     wanted = {item.id for call in calls for item in call if item.id not in skip}
     total = len(wanted) if share is not None else len(chosen)
     done = total - len(wanted)

@@ -29,7 +29,8 @@ THREADS = cpu_threads(2)  # what each of two launched processes on this machine 
 
 
 def environment() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    # Groups of two items (records are saved a group at a time), so that a kill leaves some missing.
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "CONTLLM_GROUP_BYTES": "2000000"}
 
 
 def launch_command(processes: int, *args: str) -> list[str]:
@@ -59,11 +60,14 @@ def sweeps(run: Path) -> dict[str, dict]:
 
 
 def assert_same_results(run: Path, reference: Path) -> None:
+    """Same items, grids and curves; each process batches its own share of the items, so the
+    batches differ from one process's and the numbers agree to the design's batching
+    tolerance (1e-5), not bitwise."""
     got, want = sweeps(run), sweeps(reference)
     assert list(got) == list(want)  # every item once, in the items' order
     for item_id, s in want.items():
         assert got[item_id]["x"] == s["x"] and got[item_id]["labels"] == s["labels"]
-        np.testing.assert_allclose(np.array(got[item_id]["probs"]), np.array(s["probs"]), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(np.array(got[item_id]["probs"]), np.array(s["probs"]), rtol=0, atol=1e-5)
     rows = list(csv.DictReader(open(run / "results.csv", newline="")))
     keys = [(r["item"], r["factor"], r["label"]) for r in rows]
     assert len(keys) == len(set(keys)) == sum(len(s["x"]) * len(s["labels"]) for s in want.values())
@@ -71,7 +75,7 @@ def assert_same_results(run: Path, reference: Path) -> None:
     assert summary.keys() == expected.keys()
     for key, value in expected.items():
         if isinstance(value, float):
-            assert summary[key] == pytest.approx(value, abs=1e-6), key
+            assert summary[key] == pytest.approx(value, abs=1e-5), key
         else:
             assert summary[key] == value, key
 
