@@ -1,18 +1,23 @@
-"""The one evaluation path: many signals, in chunks, a shared prefix through the KV cache, read positions only.
+"""The one evaluation path: many signals, in chunks, a shared prefix computed once, read positions only.
 
 A sweep evaluates one prompt under many edits (durations scaled by c, an interpolation
-at alpha), so its signals usually agree on every token before the first edited one.
-:class:`Engine` splits the signals, in input order, into chunks that fit a memory budget;
-in each chunk it finds the longest prefix shared by every signal (same token id or
-embedding, same duration, same time), runs it once with batch size 1, repeats its KV
-cache along the batch and continues with the rest of each signal as one left-padded
-batch, projecting only the read columns (by default the last) onto the vocabulary.
+at alpha), so its signals usually agree on every token before the first edited one; a
+run of many items with one template (few-shot examples, an instruction) agrees on the
+template's opening. :class:`Engine` plans chunks that fit a memory budget (:func:`plan`:
+input order, each chunk sharing its own longest prefix, or - when every signal shares
+one - by length, every chunk sharing that prefix, whichever computes fewer tokens). The
+shared prefix runs once with batch size 1 and is kept for the chunks after it; each
+chunk continues with the rest of each signal as one left-padded batch whose queries
+attend to the prefix keys without copying them (:mod:`contllm.prefix`), projecting only
+the read columns (by default the last) onto the vocabulary.
 :meth:`ContinuousLM.logits <contllm.lm.ContinuousLM.logits>` and ``probs`` run through
 an :class:`Engine`, so a model gives the same numbers whichever way it is called.
 
-The result equals evaluating every signal alone: the cached keys are those the full
+The result equals evaluating every signal alone: the prefix keys are those the full
 forward would compute, the padding between prefix and rest has duration 0 (absent from
-attention), and the time mask spans prefix and new keys alike.
+attention), and the time mask spans prefix and new keys alike. Which signals share a
+chunk changes the order of float sums, so results agree with one-by-one evaluation to
+float rounding (about 1e-6 in float32), not bitwise.
 """
 
 from __future__ import annotations
@@ -28,20 +33,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from contllm.errors import SignalError, UnsupportedModelError
+from contllm.errors import SignalError
 from contllm.families import decoder_layers, final_norm
 from contllm.precision import float32_readout, float32_state
+from contllm.chunks import plan
+from contllm.prefix import SharedPrefix, slice_signal
 from contllm.signal import Signal, SignalBatch, pad_signals
 
 #: Which outputs to read: "last", "all", a token index, or a list of them (negative from each signal's end).
 Positions = Literal["last", "all"] | int | Sequence[int]
 
-#: Budget of a chunk on the CPU, in batch rows x padded width (prefix keys included).
-#: Measured on a 2-core CPU with SmolLM2-135M (100 signals of 127 tokens): budgets from
-#: 2048 to 16384 ran at the same rate within noise (1024 was ~15% slower), and 8192 kept
-#: the process under ~2 GB resident, model included. Larger CPUs gain nothing from more.
+#: Budget of a chunk on the CPU, in batch rows x padded width of the tokens computed (a
+#: shared prefix, run once at batch size 1, is not counted per row). Measured on a 2-core
+#: CPU with SmolLM2-135M: budgets from 2048 to 16384 ran at the same rate within noise
+#: (1024 was ~15% slower), and 8192 kept the process under ~2 GB resident, model included.
 CPU_BATCH_TOKENS = 8192
 
 #: Share of the free accelerator memory that one chunk may take by the estimate below.
@@ -123,7 +129,7 @@ class EvaluatedModel(Protocol):
     def patched(self) -> Any: ...
 
     def forward_batch(self, batch: SignalBatch, **options: Any) -> tuple[torch.Tensor, Context | None]:
-        """One forward of a padded batch (options: logits_to_keep, context, use_cache)."""
+        """One forward of a padded batch (options: logits_to_keep, context, use_cache, prefix)."""
 
 
 @contextmanager
@@ -145,11 +151,12 @@ class Engine:
     lm: the model to evaluate (a ContinuousLM of any supported family, any dtype;
         outputs are float32). ``lm.logits`` and ``lm.probs`` run through an engine with
         the defaults below, so both give the same numbers.
-    max_batch_tokens: budget of one chunk in batch rows x padded width, prefix keys
-        included; None picks :data:`CPU_BATCH_TOKENS` on the CPU and an estimate from the
+    max_batch_tokens: budget of one chunk in batch rows x padded width of the tokens it
+        computes (a shared prefix counts once, not per row; see :func:`plan` for the
+        other limits of a chunk); None picks :data:`CPU_BATCH_TOKENS` on the CPU and an estimate from the
         free memory on an accelerator. A signal longer than the budget runs alone.
     prefix_cache: compute the prefix shared by a chunk's signals once (True) or run every
-        signal in full (False); both give the same logits. The prefix is not used while
+        signal in full, in input order (False); both give the same logits. The prefix is not used while
         a forward hook sits on a decoder layer or the final norm: such a hook may read
         the whole sequence (contllm.pde's hidden smoothing does), and would see only the
         tokens after the prefix.
@@ -211,16 +218,23 @@ class Engine:
         reads = _read_indices(items, positions)
         check_inputs(self.lm, items, reads)
         stats = EngineStats()
-        out: list[Any] = []
-        reusable: _Prefix | None = None
+        out: list[Any] = [None] * len(items)
+        reusable: SharedPrefix | None = None
+        done = 0
         with evaluation(self.lm, float32=self.float32_state):
             use_prefix = self.prefix_cache and not _hooked(self.lm.model)
-            for lo, hi in plan_chunks([len(s) for s in items], self.max_batch_tokens):
-                logits, reusable, chunk_stats = self._chunk(items[lo:hi], reads[lo:hi], positions, use_prefix, reusable)
-                out.extend(logits)
+            vocab = int(self.lm.model.get_input_embeddings().weight.shape[0])
+            for chunk in plan(items, reads, self.max_batch_tokens, self.lm, prefix=use_prefix, vocab=vocab):
+                rows = [items[i] for i in chunk.rows]
+                logits, reusable, chunk_stats = self._chunk(
+                    rows, [reads[i] for i in chunk.rows], positions, chunk.prefix, reusable
+                )
+                for i, row in zip(chunk.rows, logits):
+                    out[i] = row
                 stats.chunks.append(chunk_stats)
+                done += len(rows)
                 if progress is not None:
-                    progress(hi)
+                    progress(done)
         self.last_stats = stats
         return out if positions == "all" else torch.stack(out)
 
@@ -253,81 +267,34 @@ class Engine:
         chunk: list[Signal],
         reads: list[list[int]],
         positions: Positions,
-        use_prefix: bool,
-        reusable: _Prefix | None,
-    ) -> tuple[list[torch.Tensor], _Prefix | None, ChunkStats]:
+        p: int,
+        reusable: SharedPrefix | None,
+    ) -> tuple[list[torch.Tensor], SharedPrefix | None, ChunkStats]:
         lm = self.lm
         n = len(chunk)
-        # The prefix ends before the first position read in the chunk: its outputs are never projected.
-        first_read = min(min(r) for r in reads)
-        p = shared_prefix_len(chunk, lm, before=first_read) if use_prefix and n > 1 else 0
-        context = None
+        prefix = None
         computed = False
         if p > 0:
             computed = reusable is None or not reusable.serves(chunk[0], p, lm)
-            reusable = _Prefix.compute(lm, chunk[0], p) if computed else reusable
+            reusable = SharedPrefix.compute(lm, chunk[0], p) if computed else reusable
             assert reusable is not None
-            context = reusable.repeated(n)
-        rests = [_tail(s, p) for s in chunk]
+            prefix = reusable.keys
+        rests = [slice_signal(s, p) for s in chunk]
         batch = pad_signals(rests, side="left")
         pad = [int(x) for x in batch.pad_left]
         stats = ChunkStats(n, p, computed, batch.width, tuple(len(s) for s in rests))
         if positions == "last":
-            logits, _ = lm.forward_batch(batch, logits_to_keep=1, context=context)
+            logits, _ = lm.forward_batch(batch, logits_to_keep=1, prefix=prefix)
             return list(logits[:, -1].float().cpu()), reusable, stats
         if positions == "all":
-            logits, _ = lm.forward_batch(batch, logits_to_keep=0, context=context)
+            logits, _ = lm.forward_batch(batch, logits_to_keep=0, prefix=prefix)
             return [logits[r, pad[r] :].float().cpu() for r in range(n)], reusable, stats
         # Columns of the padded batch that hold each signal's read positions.
         columns = torch.tensor([[pad[r] + i - p for i in row] for r, row in enumerate(reads)], dtype=torch.long)
         keep = torch.unique(columns)
-        logits, _ = lm.forward_batch(batch, logits_to_keep=keep.to(lm.device), context=context)
+        logits, _ = lm.forward_batch(batch, logits_to_keep=keep.to(lm.device), prefix=prefix)
         picked = logits.float().cpu()[torch.arange(n)[:, None], torch.searchsorted(keep, columns)]
         return list(picked[:, 0] if isinstance(positions, int) else picked), reusable, stats
-
-
-@dataclass
-class _Prefix:
-    """A shared prefix run once with batch size 1: its source signal, length and context."""
-
-    source: Signal
-    length: int
-    context: Context
-
-    @classmethod
-    def compute(cls, lm: EvaluatedModel, source: Signal, length: int) -> _Prefix:
-        head = _slice(source, 0, length)
-        # No position of the prefix is read: project none of them onto the vocabulary.
-        no_columns = torch.empty(0, dtype=torch.long, device=lm.device)
-        _, context = lm.forward_batch(pad_signals([head]), logits_to_keep=no_columns, use_cache=True)
-        assert context is not None
-        for index, layer in enumerate(context.cache.layers):
-            kept = layer.get_seq_length()
-            if type(layer) is not DynamicLayer or kept != length:
-                raise UnsupportedModelError(
-                    f"layer {index} of the KV cache ({type(layer).__name__}) keeps {kept} of the {length} prefix keys; "
-                    "a shared prefix needs every key kept - use Engine(lm, prefix_cache=False)"
-                )
-        return cls(source, length, context)
-
-    def serves(self, signal: Signal, length: int, lm: EvaluatedModel) -> bool:
-        """Whether this prefix is the first ``length`` tokens of ``signal``."""
-        return length == self.length and _same_tokens([self.source, signal], length, lm).all().item()
-
-    def repeated(self, rows: int) -> Context:
-        """A fresh context holding this prefix ``rows`` times; the original stays untouched for reuse.
-
-        Each layer of the new cache starts from a broadcast view of the prefix keys: the
-        first update concatenates the new keys to it, which is the only copy needed (a
-        repeated cache would be copied twice).
-        """
-        cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in self.context.cache.layers])
-        for layer in cache.layers:
-            layer.keys = layer.keys.expand(rows, -1, -1, -1)
-            layer.values = layer.values.expand(rows, -1, -1, -1)
-        times = self.context.times.expand(rows, -1)
-        durations = self.context.durations.expand(rows, -1)
-        return Context(cache, times, durations)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -353,73 +320,6 @@ def default_batch_tokens(lm: EvaluatedModel) -> int:
     per_token = element * (2 * layers * kv_heads * head_dim + 8 * hidden + 4 * intermediate) + 4 * heads * _ASSUMED_KEY_WIDTH
     free, _ = torch.cuda.mem_get_info(device)
     return int(min(max(_ACCELERATOR_MEMORY_SHARE * free / per_token, 1024), 1 << 20))
-
-
-def plan_chunks(lengths: Sequence[int], max_batch_tokens: int) -> list[tuple[int, int]]:
-    """Split signals of ``lengths`` into consecutive chunks [lo, hi) of rows x longest <= budget.
-
-    Input order is kept; a signal longer than the budget gets a chunk of its own.
-    """
-    chunks: list[tuple[int, int]] = []
-    lo, longest = 0, 0
-    for i, n in enumerate(lengths):
-        wider = max(longest, n)
-        if i > lo and (i - lo + 1) * wider > max_batch_tokens:
-            chunks.append((lo, i))
-            lo, wider = i, n
-        longest = wider
-    if lengths:
-        chunks.append((lo, len(lengths)))
-    return chunks
-
-
-def shared_prefix_len(signals: Sequence[Signal], lm: EvaluatedModel, *, before: int | None = None) -> int:
-    """Tokens at the start that every signal shares (token, duration and time), leaving each at least one more.
-
-    before: the prefix ends at or before this token index (the first one read), or None.
-    """
-    limit = min(len(s) for s in signals) - 1
-    if before is not None:
-        limit = min(limit, before)
-    if limit <= 0:
-        return 0
-    same = _same_tokens(signals, limit, lm)
-    return int(same.long().cumprod(0).sum())
-
-
-def _same_tokens(signals: Sequence[Signal], limit: int, lm: EvaluatedModel) -> torch.Tensor:
-    """bool [limit]: token i (i < limit) is the same input in every signal."""
-    durations = torch.stack([s.durations[:limit] for s in signals])
-    times = torch.stack([s.times[:limit] for s in signals])
-    same = (durations == durations[:1]).all(0) & (times == times[:1]).all(0)
-    if all(s.embeds is None for s in signals):
-        ids = torch.stack([s.token_ids[:limit] for s in signals])  # type: ignore[index]
-        return same & (ids == ids[:1]).all(0)
-    # Compare what the model will see: embeddings in its state dtype, given or looked up.
-    embedding = lm.model.get_input_embeddings()
-    rows = []
-    for s in signals:
-        if s.embeds is not None:
-            rows.append(s.embeds[:limit].to(device=lm.device, dtype=lm.state_dtype))
-        else:
-            assert s.token_ids is not None
-            rows.append(embedding(s.token_ids[:limit].to(lm.device)).to(lm.state_dtype))
-    stacked = torch.stack(rows)
-    return same & (stacked == stacked[:1]).all(0).all(-1).cpu()
-
-
-def _slice(signal: Signal, lo: int, hi: int) -> Signal:
-    """Tokens [lo, hi) of ``signal`` at their own times."""
-    return Signal(
-        durations=signal.durations[lo:hi],
-        token_ids=None if signal.token_ids is None else signal.token_ids[lo:hi],
-        embeds=None if signal.embeds is None else signal.embeds[lo:hi],
-        explicit_times=signal.times[lo:hi],
-    )
-
-
-def _tail(signal: Signal, start: int) -> Signal:
-    return _slice(signal, start, len(signal))
 
 
 def check_signals(signals: Sequence[Signal], *, single_ok: bool = False) -> list[Signal]:

@@ -9,7 +9,7 @@ is never modified outside a call.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from contllm.attention import continuous_positions, model_masks
 from contllm.engine import Context, Engine, Positions, check_signals, check_inputs, evaluation
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.families import Family, family_of
+from contllm.prefix import SharedKeys, shared_attention
 from contllm.signal import Signal, SignalBatch, pad_signals
 
 __all__ = ["Context", "ContinuousLM", "Generation", "Positions", "wrap"]
@@ -133,17 +134,28 @@ class ContinuousLM:
         logits_to_keep: int | torch.Tensor = 0,
         context: Context | None = None,
         use_cache: bool = False,
+        prefix: SharedKeys | None = None,
     ) -> tuple[torch.Tensor, Context | None]:
         """One forward of a padded batch; returns logits and (with a cache) the extended context.
 
         logits_to_keep: 0 for every column, k for the last k, or a 1-D tensor of columns.
-        context: keys already in a cache (a shared prefix or earlier generation steps).
+        context: keys already in a cache, one row per batch row (earlier generation steps).
+        prefix: keys of a prefix shared by every row, at batch size 1, attended through
+            :func:`contllm.prefix.shared_prefix_attention` (no cache is kept then).
         Call inside :meth:`patched`.
         """
+        if prefix is not None and (context is not None or use_cache):
+            raise SignalError("forward_batch takes a shared prefix or a cache, not both")
         embeds = self._inputs_embeds(batch)
         query_times, key_times, key_durations = batch.times, batch.times, batch.durations
         cache = None
-        if context is not None:
+        extra: dict[str, Any] = {}
+        if prefix is not None:
+            rows = len(batch)
+            key_times = torch.cat([prefix.times.expand(rows, -1), batch.times], dim=1)
+            key_durations = torch.cat([prefix.durations.expand(rows, -1), batch.durations], dim=1)
+            extra["contllm_prefix"] = prefix
+        elif context is not None:
             key_times = torch.cat([context.times, batch.times], dim=1)
             key_durations = torch.cat([context.durations, batch.durations], dim=1)
             cache = context.cache
@@ -155,14 +167,16 @@ class ContinuousLM:
         mask = model_masks(
             self.family, self.model.config, query_times, key_times, key_durations, dtype=mask_dtype, device=self.device
         )
-        out = self.model(
-            inputs_embeds=embeds,
-            attention_mask=mask,
-            position_ids=query_times.to(device=self.device, dtype=torch.float32),
-            past_key_values=cache,
-            use_cache=cache is not None,
-            logits_to_keep=logits_to_keep,
-        )
+        with shared_attention(self.model) if prefix is not None else nullcontext():
+            out = self.model(
+                inputs_embeds=embeds,
+                attention_mask=mask,
+                position_ids=query_times.to(device=self.device, dtype=torch.float32),
+                past_key_values=cache,
+                use_cache=cache is not None,
+                logits_to_keep=logits_to_keep,
+                **extra,
+            )
         new_context = None
         if cache is not None:
             new_context = Context(out.past_key_values, key_times, key_durations)

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, Signal, SignalError
-from contllm.engine import Engine, plan_chunks, shared_prefix_len
+from contllm.chunks import plan
+from contllm.engine import Engine
+from contllm.prefix import shared_prefix_len
 from tests.unit.tiny import WINDOW, prompt, random_durations, tiny_model, tiny_model64
 
 pytestmark = pytest.mark.unit
@@ -65,7 +67,8 @@ def test_engine_equals_each_signal_alone(family: str, impl: str, prefix_cache: b
     assert stats is not None and sum(c.rows for c in stats.chunks) == len(signals)
     if max_batch_tokens is not None:
         assert len(stats.chunks) > 1
-        assert all(c.rows * (c.prefix_len + c.width) <= max_batch_tokens for c in stats.chunks)
+        # The budget counts the tokens a chunk computes; a shared prefix runs once, not per row.
+        assert all(c.rows * c.width <= max_batch_tokens for c in stats.chunks if c.rows > 1)
     used = {p for c, p in zip(stats.chunks, stats.prefix_lens) if c.rows > 1}
     assert used == ({EDIT[0]} if prefix_cache else {0})
 
@@ -85,7 +88,7 @@ def test_sweep_with_only_the_last_tokens_different_uses_a_long_prefix() -> None:
 def test_prefix_is_computed_once_and_reused_across_chunks() -> None:
     lm = lm_for("llama")
     signals = sweep(12)
-    engine = Engine(lm, max_batch_tokens=60)
+    engine = Engine(lm, max_batch_tokens=20)
     got = engine.logits(signals)
     stats = engine.last_stats
     assert stats is not None and len(stats.chunks) >= 3
@@ -146,11 +149,45 @@ def test_bfloat16_model_gives_float32_outputs_close_to_float32() -> None:
     assert float((got - ref).norm() / ref.norm()) < 0.05
 
 
-def test_plan_chunks_keeps_order_and_budget() -> None:
-    assert plan_chunks([5, 5, 5, 5], 10) == [(0, 2), (2, 4)]
-    assert plan_chunks([3, 9, 2], 10) == [(0, 1), (1, 2), (2, 3)]
-    assert plan_chunks([30, 2, 2], 10) == [(0, 1), (1, 3)]  # too long for the budget: alone
-    assert plan_chunks([4] * 5, 1000) == [(0, 5)]
+def test_plan_without_prefix_keeps_order_and_budget() -> None:
+    lm = lm_for("llama")
+    signals = [Signal.from_ids(prompt(n, k)) for k, n in enumerate([5, 5, 5, 5, 3, 9, 2, 30, 2, 2])]
+    reads = [[len(s) - 1] for s in signals]
+    chunks = plan(signals, reads, 10, lm, prefix=False)
+    assert [c.rows for c in chunks] == [(0, 1), (2, 3), (4,), (5,), (6,), (7,), (8, 9)]  # 30 tokens: alone
+    assert all(c.prefix == 0 for c in chunks)
+
+
+def test_plan_sorts_by_length_under_one_shared_prefix() -> None:
+    """Many prompts after one template: the template runs once and rows of one length share a chunk."""
+    lm = lm_for("llama")
+    template = prompt(20, 7)
+    tails = [prompt(n, 10 + k) for k, n in enumerate([2, 6, 2, 6, 2, 6])]
+    signals = [Signal.from_ids(torch.cat([template, t])) for t in tails]
+    reads = [[len(s) - 1] for s in signals]
+    chunks = plan(signals, reads, 6, lm)
+    assert [sorted(c.rows) for c in chunks] == [[0, 2, 4], [1], [3], [5]]
+    assert {c.prefix for c in chunks} == {20}
+    engine = Engine(lm, max_batch_tokens=6)
+    got = engine.logits(signals)
+    assert engine.last_stats is not None
+    assert [c.prefix_computed for c in engine.last_stats.chunks] == [True, False, False, False]
+    assert engine.last_stats.tokens_computed == 20 + 3 * 2 + 3 * 6
+    assert max_diff(got, one_by_one(lm, signals)) <= 1e-5
+
+
+def test_plan_keeps_input_order_where_each_sweep_shares_more() -> None:
+    """Two sweeps of different prompts after a 2-token opening: each chunk keeps its own sweep's prefix."""
+    lm = lm_for("llama")
+    opening = prompt(2, 3)
+    signals = []
+    for seed in (4, 5):
+        ids = torch.cat([opening, prompt(12, seed)])
+        signals += [Signal.from_ids(ids).scale_tokens([12, 13], c) for c in (0.25, 0.5, 1.0)]
+    reads = [[len(s) - 1] for s in signals]
+    chunks = plan(signals, reads, 8, lm)
+    assert [(c.rows, c.prefix) for c in chunks] == [((0, 1, 2), 12), ((3, 4, 5), 12)]
+    assert max_diff(Engine(lm, max_batch_tokens=8).logits(signals), one_by_one(lm, signals)) <= 1e-5
 
 
 def test_bad_input_is_refused() -> None:

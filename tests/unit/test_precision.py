@@ -151,7 +151,7 @@ def test_nested_state_is_a_no_op_and_exit_restores_after_an_error() -> None:
 def test_shared_prefix_compares_embeddings_at_the_state_precision() -> None:
     """A nudge below bfloat16's resolution still ends the prefix: the float32 state feeds it."""
     from contllm import Signal
-    from contllm.engine import shared_prefix_len
+    from contllm.prefix import shared_prefix_len
     from tests.unit.tiny import prompt
 
     lm = half_lm("llama", "sdpa")
