@@ -103,6 +103,40 @@ def test_read_outs_agree_from_logits_and_from_probabilities() -> None:
         Readout.label(SETS, "7")
 
 
+def test_placed_panels_crowd_a_sharp_step_found_without_gradients() -> None:
+    from contllm.attribution import _curve, _panel_edges
+
+    calls: list[int] = []
+
+    def step(tau: np.ndarray) -> np.ndarray:  # f(s) = tanh((s + 1) / 0.02): a step at s = -1, flat elsewhere
+        calls.append(len(tau))
+        return np.tanh((np.log(tau) + 1) / 0.02)
+
+    s, f = _curve(step, -12.0, 1e-6, budget=400)
+    assert sum(calls) == len(s) <= 400 and np.all(np.diff(s) > 0) and s[0] == -12.0 and s[-1] == 0.0
+    assert np.diff(s)[np.abs(s[:-1] + 1) < 0.05].max() < 0.05 < np.diff(s).max()  # samples crowd the step
+    edges = _panel_edges(s, f, 8)
+    assert edges[0] == -12.0 and edges[-1] == 0.0 and np.all(np.diff(edges) > 0)
+    widths = np.diff(edges)
+    k = int(np.searchsorted(edges, -1.0)) - 1
+    assert widths[k] < 0.2 and widths[k] < widths.max() / 20  # the step's panel is narrow, the flat ones wide
+    # the placed 8-node panels integrate the step's slope where one Gauss-Legendre rule of 64 nodes does not
+    x, w = np.polynomial.legendre.leggauss(8)
+    lo, hi = edges[:-1, None], edges[1:, None]
+    nodes, weights = (lo + (hi - lo) * (x + 1) / 2).ravel(), (w * (hi - lo) / 2).ravel()
+    slope = lambda v: (1 - np.tanh((v + 1) / 0.02) ** 2) / 0.02  # noqa: E731
+    exact = np.tanh(1 / 0.02) - np.tanh(-11 / 0.02)
+    tau, w64 = gauss_legendre_log(64, float(np.exp(-12.0)))
+    placed, single = abs(weights @ slope(nodes) - exact), abs(w64 @ slope(np.log(tau)) - exact)
+    assert placed < 1e-2 and placed < single / 100, (placed, single)
+
+
+def test_the_placed_rule_keeps_completeness_and_counts_its_forwards(lm64: ContinuousLM) -> None:
+    found = attribute(lm64, random_signal(), Readout.expectation(SETS), steps=256, rule="placed")
+    assert found.meta["panels"] == 32 and 33 <= found.meta["forwards"] <= 600
+    assert found.completeness_error <= 1e-4, found.completeness_error
+
+
 def test_the_log_tau_rule_integrates_exactly_where_it_should() -> None:
     tau, w = gauss_legendre_log(16, 1e-6)
     assert np.all((tau > 1e-6) & (tau < 1)) and w.sum() == pytest.approx(-np.log(1e-6))
