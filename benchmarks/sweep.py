@@ -15,7 +15,7 @@ Workloads, on one model and one set of prompts:
 
 For each sweep it times (a) the per-sample loop the research code runs - one full
 forward per sample, logits at every position, a mask built per sample - and (b) the
-engine (batched, chunked, shared prefix through the KV cache, last-position logits),
+engine (batched, chunked, shared prefix computed once, last-position logits),
 and prints samples/s, the ratio, agreement (max abs difference of the next-token
 probabilities at the last token), peak memory and FLOP efficiency.
 

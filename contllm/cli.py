@@ -79,7 +79,7 @@ RUN_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
 #: Options of the experiments that evaluate through the batched engine.
 ENGINE_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--max-batch-tokens",), {"default": None, "type": int,
-                               "help": "Most tokens (rows x padded length) in one forward: the memory budget. [default: automatic]"}),
+                               "help": "Most tokens computed in one forward (rows x padded length after a shared prefix): the memory budget. [default: automatic]"}),
     (("--device-map",), {"default": None,
                          "help": "auto: spread a model too large for one device over the GPUs (accelerate); --device is then unused."}),
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from pathlib import Path
 from typing import Any
 
@@ -84,4 +85,49 @@ def describe(cap: dict[str, Any] | None = None) -> str:
     return (
         f"cpu: {cap['name']}, {cap['capability']}, {'avx512_bf16' if cap['avx512_bf16'] else 'no avx512_bf16'}, "
         f"{'AMX' if cap['amx'] else 'no AMX'}, {cap['cores']} cores, {cap['threads']} torch threads"
+    )
+
+
+#: The matmul :func:`half_matmul_speedup` times: [rows, width] x [width, 3 x width], the
+#: shape of a small model's MLP over one chunk of a sweep.
+PROBE_ROWS = 512
+PROBE_WIDTH = 576
+
+#: Below this many times the float32 speed of its matmuls, a half-precision run on a CPU
+#: is no faster than float32: the engine keeps the state between the matmuls in float32
+#: (measured: with matmuls 4x faster, a SmolLM2 sweep ran 1.8x faster in bfloat16).
+HALF_WORTH_IT = 1.5
+
+
+def half_matmul_speedup(dtype: torch.dtype = torch.bfloat16, *, repeats: int = 3) -> float:
+    """How many times faster a matmul runs in ``dtype`` than in float32 on this CPU (about 50 ms to measure).
+
+    The best of ``repeats`` timings of the :data:`PROBE_ROWS` x :data:`PROBE_WIDTH` matmul in
+    each dtype, with torch's current threads. Above 1, ``dtype`` is faster.
+    """
+    times = {}
+    with torch.inference_mode():
+        for kind in (torch.float32, dtype):
+            a = torch.randn(PROBE_ROWS, PROBE_WIDTH).to(kind)
+            w = torch.randn(3 * PROBE_WIDTH, PROBE_WIDTH).to(kind)
+            torch.nn.functional.linear(a, w)
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                torch.nn.functional.linear(a, w)
+                best = min(best, time.perf_counter() - start)
+            times[kind] = best
+    return times[torch.float32] / times[dtype]
+
+
+def half_precision_note(dtype: torch.dtype) -> str | None:
+    """A one-line note for a half-precision run on this CPU when it would be no faster than float32, else None."""
+    speedup = half_matmul_speedup(dtype)
+    if speedup >= HALF_WORTH_IT:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    pace = f"{1 / speedup:.2f}x slower" if speedup < 1 else f"only {speedup:.2f}x faster"
+    return (
+        f"note: {name} matmuls run {pace} than float32 on this CPU ({describe()[5:]}); "
+        f"a {name} run is likely no faster than --dtype float32 here"
     )

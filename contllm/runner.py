@@ -138,6 +138,8 @@ def run(
     run_dir = RunDir(out, checked.resolved, resume=resume, force=force)
     procs.barrier()  # every process has checked the directory before the main one writes to it
     torch.manual_seed(checked.resolved["seed"])
+    if lm is None and procs.is_main:
+        _note_half_precision(checked.resolved["dtype"], procs.device or device, echo)
     if lm is None:
         placement: dict[str, Any] = {}
         if checked.device_map is not None:
@@ -262,6 +264,24 @@ class _Execution:
         # Every item is in `done`, so this only assembles the records in the items' order.
         return run_experiment(self.lm, plan.name, plan.config, items=plan.resolved["items"], skip=done,
                               model_name=plan.model, seed=plan.resolved["seed"])
+
+
+def _note_half_precision(dtype: str | None, device: str, say: Say) -> None:
+    """Say so when a half-precision run on a CPU would be no faster than float32 (a ~50 ms matmul probe)."""
+    import torch
+
+    from contllm.hardware import half_precision_note
+    from contllm.errors import ModelLoadError
+    from contllm.models.load import parse_dtype
+    from contllm.precision import is_half
+
+    try:
+        kind = parse_dtype(dtype)
+    except ModelLoadError:  # a bad name is refused where the model loads
+        return
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    if is_half(kind) and on_cpu and (note := half_precision_note(kind)):
+        say(note)
 
 
 def _is_half(lm: Any) -> bool:

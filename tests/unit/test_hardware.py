@@ -94,3 +94,32 @@ def test_a_missing_torch_probe_is_false(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
     assert hardware._torch_says("_is_amx_tile_supported") is False
     assert hardware._torch_says("_no_such_probe") is False
+
+
+def test_half_matmul_speedup_is_a_measured_ratio() -> None:
+    for dtype in (torch.bfloat16, torch.float16):
+        speedup = hardware.half_matmul_speedup(dtype, repeats=1)
+        assert isinstance(speedup, float) and 0 < speedup < float("inf")
+
+
+@pytest.mark.parametrize("speedup,expected", [(0.5, "2.00x slower"), (1.2, "only 1.20x faster"), (3.0, None)])
+def test_half_precision_note_only_where_half_is_no_faster(monkeypatch: pytest.MonkeyPatch, speedup: float,
+                                                           expected: str | None) -> None:
+    # The decision on a given measurement; the measurement itself is the CPU's (test above).
+    monkeypatch.setattr(hardware, "half_matmul_speedup", lambda dtype: speedup)
+    note = hardware.half_precision_note(torch.bfloat16)
+    if expected is None:
+        assert note is None
+    else:
+        assert note is not None and expected in note and "bfloat16" in note and "\n" not in note
+
+
+def test_a_run_notes_slow_half_precision_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    from contllm import runner
+
+    monkeypatch.setattr(hardware, "half_matmul_speedup", lambda dtype: 0.5)
+    said: list[str] = []
+    runner._note_half_precision("bf16", "cpu", said.append)
+    runner._note_half_precision("float32", "cpu", said.append)
+    runner._note_half_precision("not-a-dtype", "cpu", said.append)
+    assert len(said) == 1 and said[0].startswith("note: bfloat16 matmuls run 2.00x slower")
