@@ -21,8 +21,8 @@ position ids. Both carry gradients here. transformers computes the rotary embedd
 under ``torch.no_grad()``; :func:`differentiable_rotary` calls the undecorated forward
 instead, only while an attribution runs, and puts the decorated one back afterwards.
 
-Quadrature. Gauss-Legendre panels in s = log tau, refined where they integrate worst
-(:func:`_adaptive`), over [log lower end, 0] for the deletion baseline (``floor`` = 0) or
+Quadrature. Gauss-Legendre panels in s = log tau, placed where f moves (the default
+rule, below) or refined where they integrate worst (:func:`_adaptive`), over [log lower end, 0] for the deletion baseline (``floor`` = 0) or
 over [log ``floor``, 0] for a floor baseline. In log tau because the read-out changes over many decades of tau: with only the first token left
 at full duration, a key j enters the attention of a query once tau * exp(s_j) catches up
 with the first token's exp(s_0), which for some heads happens below tau = 1e-10. Below
@@ -75,8 +75,9 @@ __all__ = [
     "occlusion",
 ]
 
-#: Gradient evaluations along the path by default (on SmolLM2's counting items 64 leave a
-#: completeness error of 1e-2 to 5e-2 with the deletion baseline, 128 about 1e-4 to 2e-3).
+#: Gradient evaluations along the path by default (on SmolLM2's 8 default counting items,
+#: deletion baseline, the placed rule leaves a completeness error of at most 4.8e-3 at 64
+#: steps (4 items within 1e-3) and 1.9e-4 at 128; the adaptive rule 5e-2 and 2e-3).
 DEFAULT_STEPS = 128
 
 #: The candidate lower ends of the log-tau integral for the deletion baseline, probed
@@ -93,7 +94,7 @@ PANEL_ORDER = 8
 FIRST_PANELS = 4
 
 #: The quadrature rules :func:`attribute` knows.
-RULES = ("adaptive", "gauss", "placed")
+RULES = ("placed", "adaptive", "gauss")
 
 #: The "placed" rule: at most this many forward evaluations (no gradients) of f along the path
 #: to place its panels, refined until the local interpolation of f changes by less than
@@ -270,7 +271,7 @@ def attribute(
     steps: int = DEFAULT_STEPS,
     floor: float = 0.0,
     smallest: float | None = None,
-    rule: str = "adaptive",
+    rule: str = "placed",
     max_batch_tokens: int | None = None,
 ) -> Attribution:
     """Integrated gradients of ``readout`` at ``position`` along the duration path of ``tokens``.
@@ -279,9 +280,10 @@ def attribute(
     the first); position: the read token (default the last). steps: Gauss-Legendre nodes
     in log tau. floor: 0 for the deletion baseline, or a duration factor in (0, 1): the
     path then starts at floor x d and the baseline is that signal. smallest: lowest tau
-    integrated for the deletion baseline, or None to pick it (see :func:`_lowest`). rule: "adaptive"
-    (panels refined where the sum of the gradients integrates worst, see :func:`_adaptive`)
-    or "gauss" (one Gauss-Legendre rule over the whole range). max_batch_tokens:
+    integrated for the deletion baseline, or None to pick it (see :func:`_lowest`). rule: "placed"
+    (panels placed from forward-only samples of f before any gradient, see :func:`_placed`),
+    "adaptive" (panels refined where the sum of the gradients integrates worst, see
+    :func:`_adaptive`) or "gauss" (one Gauss-Legendre rule over the whole range). max_batch_tokens:
     rows x tokens of one differentiated forward (default :data:`CPU_GRAD_TOKENS` on the
     CPU, 8 x that on an accelerator).
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from contllm import registry
-from contllm.attribution import DEFAULT_STEPS, MAX_STEPS, Readout, attribute, occlusion
+from contllm.attribution import DEFAULT_STEPS, MAX_STEPS, RULES, Readout, attribute, occlusion
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Context, Experiment, Table
 from contllm.experiments.options import Option
@@ -48,6 +48,8 @@ class AttributionConfig:
         true count) or "log-truth" (its logarithm).
     steps: gradient evaluations along the path; floor: 0 (deletion baseline) or a
         duration factor in (0, 1) where the path starts.
+    rule: the quadrature along the path (:func:`contllm.attribution.attribute`): "placed",
+        "adaptive" or "gauss".
     first: how many items of the dataset (its first N, balanced over category/kind and n); 0: all.
     """
 
@@ -59,6 +61,7 @@ class AttributionConfig:
     readout: str = "count"
     steps: int = DEFAULT_STEPS
     floor: float = 0.0
+    rule: str = "placed"
     first: int = 8
 
     def __post_init__(self) -> None:
@@ -70,6 +73,8 @@ class AttributionConfig:
             raise ExperimentError(f"--readout must be one of {', '.join(READOUTS)}, got {self.readout!r}")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not 8 <= self.steps <= MAX_STEPS:
             raise ExperimentError(f"--steps must be an integer from 8 to {MAX_STEPS}, got {self.steps!r}")
+        if self.rule not in RULES:
+            raise ExperimentError(f"--rule must be one of {', '.join(RULES)}, got {self.rule!r}")
         if not (isinstance(self.floor, (int, float)) and 0 <= self.floor < 1):
             raise ExperimentError(f"--floor must be 0 (deletion baseline) or a duration factor in (0, 1), got {self.floor!r}")
         if isinstance(self.first, bool) or not isinstance(self.first, int) or self.first < 0:
@@ -253,6 +258,7 @@ class AttributionExperiment(Experiment):
         Option("tokens", "str", "Tokens to attribute: item (from the line holding the span on) or all (all but the first). [default: item]"),
         Option("readout", "str", "What is attributed: count (E[k] over the digits), truth (P(true count)) or log-truth. [default: count]"),
         Option("steps", "int", f"Gradient evaluations along the duration path (8-{MAX_STEPS}). [default: {DEFAULT_STEPS}]"),
+        Option("rule", "str", "Quadrature along the path: placed (panels placed from forward-only samples of f), adaptive or gauss. [default: placed]"),
         Option("floor", "float", "Start of the path as a duration factor: 0 deletes the tokens (baseline), else in (0, 1). [default: 0]"),
         Option("first", "int", "Items: the dataset's first N (balanced over category/kind and n); 0 for all. [default: 8]"),
     )
@@ -294,7 +300,7 @@ class AttributionExperiment(Experiment):
             evaluate = Engine(lm).probs
         for item in items:
             signal, span, tokens, readout, plan = self.plan(lm, item, config)
-            found = attribute(lm, signal, readout, tokens, steps=config.steps, floor=config.floor)
+            found = attribute(lm, signal, readout, tokens, steps=config.steps, floor=config.floor, rule=config.rule)
             _, changes = occlusion(lm, signal, readout, tokens, factors=(0.0, 0.5), evaluate=evaluate)
             assert signal.text is not None and signal.offsets is not None
             yield item.id, ItemAttribution(

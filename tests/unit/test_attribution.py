@@ -232,6 +232,7 @@ def test_records_round_trip_and_rank_the_span() -> None:
         (["--floor", "1"], "--floor must be 0"),
         (["--tokens", "some"], "--tokens must be one of item, all"),
         (["--readout", "mean"], "--readout must be one of count, truth, log-truth"),
+        (["--rule", "simpson"], "--rule must be one of placed, adaptive, gauss"),
         (["--first", "-1"], "--first must be an integer >= 0"),
         (["--template", "no field"], "the template has no {words} field"),
         (["--data", "no-such-file.jsonl"], "no-such-file.jsonl: no such file"),
