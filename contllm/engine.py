@@ -36,6 +36,7 @@ import torch
 
 from contllm.errors import SignalError
 from contllm.families import decoder_layers, final_norm
+from contllm import precision
 from contllm.precision import float32_readout, float32_state
 from contllm.chunks import plan
 from contllm.prefix import SharedPrefix, slice_signal
@@ -156,10 +157,12 @@ class Engine:
         other limits of a chunk); None picks :data:`CPU_BATCH_TOKENS` on the CPU and an estimate from the
         free memory on an accelerator. A signal longer than the budget runs alone.
     prefix_cache: compute the prefix shared by a chunk's signals once (True) or run every
-        signal in full, in input order (False); both give the same logits. The prefix is not used while
-        a forward hook sits on a decoder layer or the final norm: such a hook may read
-        the whole sequence (contllm.pde's hidden smoothing does), and would see only the
-        tokens after the prefix.
+        signal in full, in input order (False); both give the same logits. The prefix is
+        not used while a forward hook sits on a decoder layer or the final norm (such a
+        hook may read the whole sequence, as contllm.pde's hidden smoothing does, and would
+        see only the tokens after the prefix), nor while another attention function than
+        the model's own is in place (contllm.pde's row dynamics): the rows after a prefix
+        run the shared-prefix attention.
     float32_state: a half-precision (bfloat16, float16) model runs its matmuls in its own
         dtype and everything between them - residual stream, normalisations, rotary
         embedding, masks, attention - in float32 (:func:`contllm.precision.float32_state`;
@@ -222,7 +225,7 @@ class Engine:
         reusable: SharedPrefix | None = None
         done = 0
         with evaluation(self.lm, float32=self.float32_state):
-            use_prefix = self.prefix_cache and not _hooked(self.lm.model)
+            use_prefix = self.prefix_cache and _prefix_safe(self.lm)
             vocab = int(self.lm.model.get_input_embeddings().weight.shape[0])
             for chunk in plan(items, reads, self.max_batch_tokens, self.lm, prefix=use_prefix, vocab=vocab):
                 rows = [items[i] for i in chunk.rows]
@@ -451,10 +454,20 @@ def _read_indices(signals: list[Signal], positions: Positions) -> list[list[int]
     return out
 
 
-def _hooked(model: Any) -> bool:
-    """Whether a forward hook sits on a decoder layer or the final norm (it may read the whole sequence)."""
+def _prefix_safe(lm: EvaluatedModel) -> bool:
+    """Whether a shared prefix gives the same logits as full forwards on ``lm`` as it is now patched.
+
+    Not while a forward hook sits on a decoder layer or the final norm (it may read the
+    whole sequence), nor while an attention function other than the model's own (or the
+    float32 state's) is in place: the rows after a shared prefix run the shared-prefix
+    attention instead (contllm.pde's row dynamics would be skipped).
+    """
+    model = lm.model
     modules = [*decoder_layers(model), final_norm(model)]
-    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+    if any(m._forward_hooks or m._forward_pre_hooks for m in modules):
+        return False
+    own = {getattr(lm, "attn_implementation", None), precision.IMPLEMENTATION}
+    return getattr(model.config, "_attn_implementation", None) in own
 
 
 def _pick(probs: torch.Tensor, wanted: torch.Tensor | None) -> torch.Tensor:

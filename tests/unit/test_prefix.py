@@ -93,3 +93,19 @@ def test_a_hooked_model_runs_without_the_prefix() -> None:
     assert engine.last_stats is not None and set(engine.last_stats.prefix_lens) == {0}
     assert min(seen) >= PREFIX + 3  # the hook saw whole signals
     assert IMPLEMENTATION != lm.model.config._attn_implementation
+
+
+def test_another_attention_function_runs_without_the_prefix() -> None:
+    """Under contllm.pde's row dynamics every row must run the patched attention: no shared prefix."""
+    from contllm.pde.attention import pde_attention
+    from contllm.pde.dynamics import Dynamics
+
+    lm = ContinuousLM(tiny_model("llama"))
+    signals = sweep()
+    with pde_attention(lm, Dynamics("diffusion", 3.0)):
+        engine = Engine(lm)
+        got = engine.logits(signals)
+        alone = torch.stack([lm.logits(s) for s in signals])
+    assert engine.last_stats is not None and set(engine.last_stats.prefix_lens) == {0}
+    assert float((got - alone).abs().max()) <= 1e-5
+    assert float((got - Engine(lm).logits(signals)).abs().max()) > 1e-3  # the dynamics did change the logits
