@@ -34,11 +34,11 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from contllm import precision
+from contllm.chunks import plan
 from contllm.errors import SignalError
 from contllm.families import decoder_layers, final_norm
-from contllm import precision
 from contllm.precision import float32_readout, float32_state
-from contllm.chunks import plan
 from contllm.prefix import SharedPrefix, slice_signal
 from contllm.signal import Signal, SignalBatch, pad_signals
 
@@ -153,9 +153,10 @@ class Engine:
         outputs are float32). ``lm.logits`` and ``lm.probs`` run through an engine with
         the defaults below, so both give the same numbers.
     max_batch_tokens: budget of one chunk in batch rows x padded width of the tokens it
-        computes (a shared prefix counts once, not per row; see :func:`plan` for the
-        other limits of a chunk); None picks :data:`CPU_BATCH_TOKENS` on the CPU and an estimate from the
-        free memory on an accelerator. A signal longer than the budget runs alone.
+        computes (a shared prefix counts once, not per row; :func:`contllm.chunks.plan`
+        names the other limits of a chunk); None picks :data:`CPU_BATCH_TOKENS` on the
+        CPU and an estimate from the free memory on an accelerator. A signal longer than
+        the budget runs alone.
     prefix_cache: compute the prefix shared by a chunk's signals once (True) or run every
         signal in full, in input order (False); both give the same logits. The prefix is
         not used while a forward hook sits on a decoder layer or the final norm (such a
