@@ -36,7 +36,10 @@ def item_figure(result: Result, sweep: Sweep, what: str, *, counts: bool) -> Any
 
     what: a line saying what the item is (its word, its events, its operators).
     """
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), constrained_layout=True)
+    # Fixed margins rather than constrained layout: a run draws one such figure per item, and
+    # solving the layout took a third of each figure's time.
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig.subplots_adjust(left=0.09, right=0.9, bottom=0.12, top=0.86)
     colors = plt.get_cmap("tab10")
     for j, label in enumerate(sweep.labels):
         width = 2.6 if label == sweep.truth else 1.4
