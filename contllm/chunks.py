@@ -108,24 +108,19 @@ def _greedy(
     limits: _Limits,
     *,
     shared: Callable[[int, int], int] | None = None,
-    fixed: int | None = None,
 ) -> list[Chunk]:
     """Consecutive chunks of ``order`` within the limits.
 
-    Every chunk shares the ``fixed`` prefix; without one, a chunk of several rows shares
-    the longest prefix of its own rows (``shared(i, j)``: what rows i and j share; None:
-    no prefix at all).
+    A chunk of several rows shares the longest prefix of its own rows (``shared(i, j)``:
+    what rows i and j share; None: no prefix at all); a chunk of one row shares none.
     """
     chunks: list[Chunk] = []
     rows: list[int] = []
     p = longest = 0
     for i in order:
         if rows:
-            if fixed is not None:
-                q = fixed
-            elif shared is None:
-                q = 0
-            else:
+            q = 0
+            if shared is not None:
                 pair = shared(rows[0], i)
                 q = pair if len(rows) == 1 else min(p, pair)
             wider = max(longest, lengths[i])
@@ -134,8 +129,7 @@ def _greedy(
                 p, longest = q, wider
                 continue
             chunks.append(Chunk(tuple(rows), p))
-        rows, longest = [i], lengths[i]
-        p = fixed if fixed is not None else 0
+        rows, longest, p = [i], lengths[i], 0
     if rows:
         chunks.append(Chunk(tuple(rows), p))
     return chunks

@@ -128,6 +128,6 @@ def half_precision_note(dtype: torch.dtype) -> str | None:
     name = str(dtype).removeprefix("torch.")
     pace = f"{1 / speedup:.2f}x slower" if speedup < 1 else f"only {speedup:.2f}x faster"
     return (
-        f"note: {name} matmuls run {pace} than float32 on this CPU ({describe()[5:]}); "
+        f"note: {name} matmuls run {pace} than float32 on this CPU ({describe().removeprefix('cpu: ')}); "
         f"a {name} run is likely no faster than --dtype float32 here"
     )

@@ -270,8 +270,8 @@ def _note_half_precision(dtype: str | None, device: str, say: Say) -> None:
     """Say so when a half-precision run on a CPU would be no faster than float32 (a ~50 ms matmul probe)."""
     import torch
 
-    from contllm.hardware import half_precision_note
     from contllm.errors import ModelLoadError
+    from contllm.hardware import half_precision_note
     from contllm.models.load import parse_dtype
     from contllm.precision import is_half
 
