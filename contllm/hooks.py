@@ -13,6 +13,7 @@ exit, also when the body raises. For several modules, enter one per module on a
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -103,3 +104,22 @@ def input_hook(module: torch.nn.Module, fn: InputFn) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+#: The names a KV cache goes by in transformers' forwards and outputs: ``cache`` in later
+#: 5.x releases (``past_key_values`` is then a deprecated alias), ``past_key_values`` before.
+CACHE_KEYWORDS = ("cache", "past_key_values")
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword ``model``'s forward takes its KV cache by (so no deprecated alias is used)."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in CACHE_KEYWORDS if name in parameters), CACHE_KEYWORDS[-1])
+
+
+def cache_of(output: Any) -> Any:
+    """The KV cache a model output (or a layer's keyword arguments, as a dict) carries, or None."""
+    if isinstance(output, dict) and not hasattr(output, "to_tuple"):
+        return next((output[name] for name in CACHE_KEYWORDS if output.get(name) is not None), None)
+    fields = getattr(type(output), "__dataclass_fields__", {})
+    return next((getattr(output, name) for name in CACHE_KEYWORDS if name in fields), None)

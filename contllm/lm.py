@@ -20,6 +20,7 @@ from contllm.attention import continuous_positions, model_masks
 from contllm.engine import Context, Engine, Positions, check_signals, check_inputs, evaluation
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.families import Family, family_of
+from contllm.hooks import cache_keyword, cache_of
 from contllm.prefix import SharedKeys, shared_attention
 from contllm.signal import Signal, SignalBatch, pad_signals
 
@@ -172,14 +173,14 @@ class ContinuousLM:
                 inputs_embeds=embeds,
                 attention_mask=mask,
                 position_ids=query_times.to(device=self.device, dtype=torch.float32),
-                past_key_values=cache,
                 use_cache=cache is not None,
                 logits_to_keep=logits_to_keep,
+                **{cache_keyword(self.model): cache},
                 **extra,
             )
         new_context = None
         if cache is not None:
-            new_context = Context(out.past_key_values, key_times, key_durations)
+            new_context = Context(cache_of(out), key_times, key_durations)
         return out.logits, new_context
 
     def logits(

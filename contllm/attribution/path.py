@@ -19,6 +19,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from contllm.attention import continuous_positions, model_masks
+from contllm.hooks import cache_keyword
 from contllm.signal import Signal
 
 #: Rows x tokens of one differentiated forward on the CPU (a backward keeps every
@@ -164,8 +165,8 @@ class Path:
             inputs_embeds=embeds,
             attention_mask=mask,
             position_ids=times.to(device=lm.device, dtype=torch.float32),
-            past_key_values=cache,
             use_cache=cache is not None,
+            **{cache_keyword(model): cache},
             logits_to_keep=keep.to(lm.device) if isinstance(keep, torch.Tensor) else keep,
         )
         return out.logits

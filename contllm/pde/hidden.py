@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from contllm.families import decoder_layers, model_of
-from contllm.hooks import first_output, output_hook, replace_first_output
+from contllm.hooks import cache_of, first_output, output_hook, replace_first_output
 from contllm.pde.dynamics import STEP, DynamicsError
 
 
@@ -81,7 +81,7 @@ class _LayerSmoother:
         h = first_output(output)
         batch, queries, _ = h.shape
         valid = _valid(kwargs.get("attention_mask"), batch, queries)
-        cache = kwargs.get("past_key_values")
+        cache = cache_of(kwargs)
         seen = 0
         if cache is not None and hasattr(cache, "get_seq_length"):
             seen = int(cache.get_seq_length(self.layer)) - queries

@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from contllm import ContinuousLM, Signal
+from contllm.hooks import cache_keyword
 from contllm.pde import (
     Dynamics,
     PDEConfig,
@@ -74,7 +75,7 @@ def test_causality_and_cached_decoding_on_a_real_model(real_lm: ContinuousLM, dy
         cache = DynamicCache()
         stepped = []
         for i in range(len(ids)):
-            out = real_lm.model(ids[None, i : i + 1], past_key_values=cache, use_cache=True,
+            out = real_lm.model(ids[None, i : i + 1], **{cache_keyword(real_lm.model): cache}, use_cache=True,
                                 position_ids=torch.tensor([[i]]), attention_mask=torch.ones(1, i + 1, dtype=torch.long))
             stepped.append(out.logits[0, -1])
     assert torch.equal(full[:p], changed[:p])

@@ -10,6 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from contllm import ContinuousLM, ContllmError, Signal
+from contllm.hooks import cache_keyword
 from contllm.pde import (
     AttentionRecorder,
     Dynamics,
@@ -344,7 +345,7 @@ def decode_step_by_step(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tens
     out = []
     with torch.no_grad():
         for i in range(len(ids)):
-            step = model(ids[None, i : i + 1], past_key_values=cache, use_cache=True,
+            step = model(ids[None, i : i + 1], **{cache_keyword(model): cache}, use_cache=True,
                          position_ids=torch.tensor([[i]]), attention_mask=torch.ones(1, i + 1, dtype=torch.long))
             out.append(step.logits[0, -1])
     return torch.stack(out)
@@ -473,3 +474,21 @@ def test_perplexity_of_a_perfect_and_a_uniform_model() -> None:
     assert perplexity(torch.zeros(5, 7), ids) == pytest.approx(7.0)
     with pytest.raises(DynamicsError):
         perplexity(torch.zeros(1, 7), ids[:1])
+
+
+def test_the_cache_goes_by_the_name_the_installed_transformers_takes() -> None:
+    import inspect
+
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    from contllm.hooks import CACHE_KEYWORDS, cache_of
+
+    model = tiny_model("llama")
+    name = cache_keyword(model)
+    assert name in CACHE_KEYWORDS and name in inspect.signature(model.forward).parameters
+    cache = DynamicCache()
+    out = model(torch.tensor([[1, 2, 3]]), use_cache=True, **{name: cache})
+    assert cache_of(out) is cache  # the output carries the cache it was given, filled
+    assert cache_of({"past_key_values": cache}) is cache and cache_of({"cache": cache}) is cache
+    assert cache_of({"hidden_states": None}) is None
+    assert cache_of(CausalLMOutputWithPast(logits=out.logits)) is None
