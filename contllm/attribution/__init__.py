@@ -17,30 +17,42 @@ or log-probability, a sum over a token set (the digits), or the implied count E[
 
 The durations reach the model twice: as the log-duration bias of attention and through
 the times (t_i is the start plus every duration up to token i), which rotary models take as
-position ids. Both carry gradients here. transformers computes the rotary embedding
-under ``torch.no_grad()``; :func:`differentiable_rotary` calls the undecorated forward
-instead, only while an attribution runs, and puts the decorated one back afterwards.
+position ids. Both carry gradients here. Earlier transformers 5.x releases compute the
+rotary embedding under ``torch.no_grad()`` (later ones no longer do); where the forward is so
+decorated, :func:`differentiable_rotary` calls the undecorated one instead, only while an
+attribution runs, and puts the decorated one back afterwards.
 
-Quadrature. Gauss-Legendre panels in s = log tau, placed where f moves (the default
-rule, below) or refined where they integrate worst (:func:`_adaptive`), over [log lower end, 0] for the deletion baseline (``floor`` = 0) or
-over [log ``floor``, 0] for a floor baseline. In log tau because the read-out changes over many decades of tau: with only the first token left
-at full duration, a key j enters the attention of a query once tau * exp(s_j) catches up
-with the first token's exp(s_0), which for some heads happens below tau = 1e-10. Below
-the lower end nothing is integrated: f(lower end) - f(0) is reported (``remainder``) and
-counted in the completeness error, never spread over the tokens. The lower end is the
-largest of 1e-1 ... 1e-12 below which f is still f(0) within 1e-5 of the total change
-(found without gradients; plus the float rounding noise of f), so no node is spent
-where nothing moves.
+Quadrature. Gauss-Legendre panels in s = log tau over [log lower end, 0] for the deletion
+baseline (``floor`` = 0) or over [log ``floor``, 0] for a floor baseline: laid out from f
+alone and then checked against f (the default, ``rule="placed"``, below), halved where they
+integrate worst (``"adaptive"``, :func:`_adaptive`) or one rule over the whole range
+(``"gauss"``). In log tau because the read-out changes over many decades of tau: with only
+the first token left at full duration, a key j enters the attention of a query once
+tau * exp(s_j) catches up with the first token's exp(s_0), which for some heads happens
+below tau = 1e-10. Below the lower end nothing is integrated: f(lower end) - f(0) is
+reported (``remainder``) and counted in the completeness error, never spread over the
+tokens. The lower end is the largest of 1e-1 ... 1e-12 below which f is still f(0) within
+1e-5 of the total change (found without gradients; plus the float rounding noise of f), so
+no node is spent where nothing moves.
 
-``rule="placed"`` spends no gradient on finding its panels: f alone is sampled along the
-path without gradients (at most :data:`CURVE_FORWARDS` forward evaluations, denser where f
-is hard to interpolate, :func:`_curve`), and the steps // 8 panels are placed so that each
-holds an equal share of sqrt|f''| (:func:`_panel_edges`); every gradient step then goes to
-the final panels' nodes. On SmolLM2's counting items f(tau) is flat below tau ~ 1e-3 and
-has a few sharp transitions between tau = 0.05 and 1 (count-006: f rises by 0.2 within
-0.03 in log tau around tau = 0.40, where the whole change is -0.17); those are what the
-deletion path's quadrature must resolve. Measured (8 default items, E[k], item line):
-see the README's completeness table; neither rule reaches 1e-3 on every item at 64 steps.
+``rule="placed"`` (:func:`contllm.attribution.quadrature.integrate`) decides where the
+gradients go from forward passes without gradients. f is sampled along the path, denser
+where it is hard to interpolate but never finer than its float rounding noise (about 1e-5
+on a float32 model: the positions of the moving tokens are rounded to float32), a cubic
+spline goes through the samples, and a dynamic programme picks the panels and each one's
+number of nodes (2 to 16) so that the rule integrates the spline's slope best with
+three quarters of the steps. The gradients are taken there, and every panel is checked
+against f itself (the sum of its integrals against f(hi) - f(lo), from forwards at its
+edges); the rest of the steps go, one panel at a time, to laying out again (on more
+samples, with twice the nodes) the panel that measures worst, which the new panels replace
+if together they measure better. The reported completeness error is measured the same way
+over the whole path, so it is also what steered the last quarter of the steps; the split of
+each panel's integral among the tokens is never adjusted. On SmolLM2's counting items f(tau)
+is flat below tau ~ 1e-3 and swings through a few sharp transitions between tau = 0.05 and
+1 (count-001: f falls by 0.45 between tau = 0.06 and 0.16 and rises by 0.28 between 0.25
+and 0.4, slopes up to 6 per unit of log tau, while the whole change is -0.15); those are
+what the quadrature must resolve.
+Measured: the README's completeness table.
 
 A sliding window applied in time has a sharp edge: where a key crosses it along the path,
 f jumps and no gradient sees the jump. ``meta["window_crossings"]`` counts the crossing
@@ -60,7 +72,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from contllm.attribution import quadrature
 from contllm.attribution.path import CPU_GRAD_TOKENS, Path, differentiable_rotary, window_crossings
+from contllm.attribution.quadrature import MAX_STEPS, gauss_legendre_log
 from contllm.errors import SignalError
 from contllm.readout import TokenSets
 from contllm.signal import Signal
@@ -75,9 +89,9 @@ __all__ = [
     "occlusion",
 ]
 
-#: Gradient evaluations along the path by default (on SmolLM2's 8 default counting items,
-#: deletion baseline, the placed rule leaves a completeness error of at most 4.8e-3 at 64
-#: steps (4 items within 1e-3) and 1.9e-4 at 128; the adaptive rule 5e-2 and 2e-3).
+#: Gradient evaluations along the path by default (the README's completeness table has the
+#: error against steps; the placed rule keeps SmolLM2's 8 default counting items within 1e-3
+#: from 64 steps on, and 128 leaves a margin on prompts that swing harder).
 DEFAULT_STEPS = 128
 
 #: The candidate lower ends of the log-tau integral for the deletion baseline, probed
@@ -97,13 +111,14 @@ FIRST_PANELS = 4
 RULES = ("placed", "adaptive", "gauss")
 
 #: The "placed" rule: at most this many forward evaluations (no gradients) of f along the path
-#: to place its panels, refined until the local interpolation of f changes by less than
-#: CURVE_TOL x max(1, |f(1) - f(0)|) over every interval.
+#: to lay out its panels, refined until the local interpolation of f changes by less than
+#: CURVE_TOL x max(1, |f(1) - f(0)|) over every interval ...
 CURVE_FORWARDS = 600
 CURVE_TOL = 1e-6
+#: ... but never below this share of f's rounding noise (NOISE x eps x max(1, |f(1)|)): finer
+#: sampling would follow the float rounding of the positions, not f.
+CURVE_NOISE = 0.3
 
-#: Most integration steps (each is one row of a differentiated forward).
-MAX_STEPS = 4096
 
 
 # ---------------------------------------------------------------------------- read-outs
@@ -183,18 +198,6 @@ class Readout:
         label_p = self.token_sets.gather(probs.to(torch.float64)).cpu().numpy()
         with np.errstate(divide="ignore"):
             return np.asarray(self._combine(np.log(label_p), np), dtype=np.float64)
-
-
-def gauss_legendre_log(steps: int, low: float) -> tuple[np.ndarray, np.ndarray]:
-    """Nodes tau [steps] in (low, 1) and weights of a Gauss-Legendre rule in s = log tau over [log low, 0]."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
-        raise SignalError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
-    if not 0 < low < 1:
-        raise SignalError(f"the lower end of the duration path must lie in (0, 1), got {low!r}")
-    x, w = np.polynomial.legendre.leggauss(steps)
-    a = math.log(low)
-    s = a + (0.0 - a) * (x + 1) / 2
-    return np.exp(s), w * (0.0 - a) / 2
 
 
 @dataclass
@@ -277,11 +280,12 @@ def attribute(
     """Integrated gradients of ``readout`` at ``position`` along the duration path of ``tokens``.
 
     lm: a ContinuousLM; signal: the input; tokens: indices to attribute (default: all but
-    the first); position: the read token (default the last). steps: Gauss-Legendre nodes
-    in log tau. floor: 0 for the deletion baseline, or a duration factor in (0, 1): the
+    the first); position: the read token (default the last). steps: gradient evaluations
+    (Gauss-Legendre nodes in log tau; the placed rule stops early when every panel checks
+    within f's rounding noise, ``meta["gradients"]`` says how many it took). floor: 0 for the deletion baseline, or a duration factor in (0, 1): the
     path then starts at floor x d and the baseline is that signal. smallest: lowest tau
     integrated for the deletion baseline, or None to pick it (see :func:`_lowest`). rule: "placed"
-    (panels placed from forward-only samples of f before any gradient, see :func:`_placed`),
+    (panels laid out from forward-only samples of f, then checked against f, see :func:`_placed`),
     "adaptive" (panels refined where the sum of the gradients integrates worst, see
     :func:`_adaptive`) or "gauss" (one Gauss-Legendre rule over the whole range). max_batch_tokens:
     rows x tokens of one differentiated forward (default :data:`CPU_GRAD_TOKENS` on the
@@ -313,17 +317,18 @@ def attribute(
     probes = PROBES if smallest is None else np.array([smallest])
     ends = path.values(np.concatenate([[1.0, float(floor)], probes if floor == 0 else []]))
     low, start = float(floor), float(ends[1])
+    noise = NOISE * torch.finfo(lm.dtype).eps * max(1.0, abs(float(ends[0])))
     if floor == 0:
-        noise = NOISE * torch.finfo(lm.dtype).eps * max(1.0, abs(float(ends[0])))
         low, start = _lowest(probes, ends[2:], float(ends[1]), REMAINDER * abs(float(ends[0] - ends[1])) + noise)
     attributions = np.zeros(len(chosen))
-    panels, forwards = 1, 0
+    panels, forwards, gradients = 1, 0, steps
     if active:
         if rule == "adaptive" and steps >= 2 * PANEL_ORDER:
             per_token, panels = _adaptive(path, steps, low)
         elif rule == "placed" and steps >= PANEL_ORDER:
-            tolerance = CURVE_TOL * max(1.0, abs(float(ends[0] - ends[1])))
-            per_token, panels, forwards = _placed(path, steps, low, tolerance)
+            tolerance = max(CURVE_TOL * max(1.0, abs(float(ends[0] - ends[1]))), CURVE_NOISE * noise)
+            per_token, panels, counts = _placed(path, steps, low, tolerance, noise)
+            forwards, gradients = counts["forwards"], counts["gradients"]
         else:
             nodes, weights = gauss_legendre_log(steps, low)
             per_token = weights @ path.gradients(nodes)  # [steps] @ [steps, active]
@@ -341,7 +346,7 @@ def attribute(
         smallest=low if floor == 0 else float("nan"),
         position=position,
         readout=readout.name,
-        meta={"prefix": path.prefix, "rule": rule, "panels": panels, "forwards": forwards,
+        meta={"prefix": path.prefix, "rule": rule, "panels": panels, "forwards": forwards, "gradients": gradients,
               "window_crossings": window_crossings(lm, signal, active, low)},
     )
 
@@ -405,78 +410,11 @@ def _adaptive(path: Path, steps: int, low: float) -> tuple[np.ndarray, int]:
     return np.sum([panel[2] for panel in panels], axis=0), len(panels)
 
 
-def _local_polynomial(s: np.ndarray, f: np.ndarray, q: np.ndarray, m: int = 6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """f, f' and f'' at each q from the degree m - 1 polynomial through the m samples (s sorted) nearest it."""
-    q = np.asarray(q, dtype=np.float64)
-    lo = np.clip(np.searchsorted(s, q) - m // 2, 0, len(s) - m)
-    idx = lo[:, None] + np.arange(m)[None]
-    x = s[idx] - q[:, None]
-    scale = np.maximum(np.abs(x).max(1), 1e-300)
-    vander = (x / scale[:, None])[:, :, None] ** np.arange(m)[None, None]
-    c = np.linalg.solve(vander, f[idx][:, :, None])[:, :, 0]
-    return c[:, 0], c[:, 1] / scale, 2 * c[:, 2] / scale**2
-
-
-def _curve(values: Callable[[np.ndarray], np.ndarray], a: float, tolerance: float, budget: int = CURVE_FORWARDS,
-           first: int = 33, batch: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    """Samples (s, f(e^s)) over [a, 0], without gradients, denser where f is hard to interpolate.
-
-    Starts from ``first`` even samples; each round adds the midpoints (up to ``batch``, worst
-    first) of the intervals where the 6-point and the 4-point local interpolants' slopes,
-    times the interval's width, differ by more than ``tolerance``; stops when none does or
-    ``budget`` evaluations are spent.
-    """
-    s = np.linspace(a, 0.0, first)
-    f = np.asarray(values(np.exp(s)), dtype=np.float64)
-    while len(s) < budget:
-        mid = (s[:-1] + s[1:]) / 2
-        indicator = np.abs(_local_polynomial(s, f, mid, 6)[1] - _local_polynomial(s, f, mid, 4)[1]) * np.diff(s)
-        bad = np.where(indicator > tolerance)[0]
-        if not len(bad):
-            break
-        new = mid[bad[np.argsort(-indicator[bad])][: min(batch, budget - len(s))]]
-        s = np.concatenate([s, new])
-        f = np.concatenate([f, np.asarray(values(np.exp(new)), dtype=np.float64)])
-        order = np.argsort(s)
-        s, f = s[order], f[order]
-    return s, f
-
-
-def _panel_edges(s: np.ndarray, f: np.ndarray, panels: int, fine: int = 4000, widen: int = 10,
-                 floor: float = 0.05) -> np.ndarray:
-    """Edges [panels + 1] over [s[0], s[-1]] that give every panel an equal share of sqrt|f''|.
-
-    f'' comes from the local interpolants of the samples on ``fine`` even points; each value is
-    raised to the largest within ``widen`` points on either side (so a sharp feature's flanks
-    count as sharp), plus ``floor`` x its mean (so no stretch of the path is left without panels).
-    """
-    grid = np.linspace(s[0], s[-1], fine)
-    monitor = np.sqrt(np.abs(_local_polynomial(s, f, grid)[2]))
-    padded = np.pad(monitor, widen, mode="edge")
-    monitor = np.max(np.lib.stride_tricks.sliding_window_view(padded, 2 * widen + 1), axis=1)
-    monitor = monitor + floor * monitor.mean() + 1e-300
-    mass = np.concatenate([[0.0], np.cumsum((monitor[1:] + monitor[:-1]) / 2 * np.diff(grid))])
-    edges = np.interp(np.linspace(0.0, mass[-1], panels + 1), mass, grid)
-    edges[0], edges[-1] = s[0], s[-1]
-    return edges
-
-
-def _placed(path: Path, steps: int, low: float, tolerance: float) -> tuple[np.ndarray, int, int]:
-    """Per-token integrals [active] on panels placed from f alone, before any gradient is taken.
-
-    f is sampled along [log low, 0] without gradients (:func:`_curve`), the steps // 8 panels of
-    :data:`PANEL_ORDER` Gauss-Legendre nodes are placed by :func:`_panel_edges`, and every
-    gradient is spent on their nodes (steps left over when steps is not a multiple of
-    :data:`PANEL_ORDER` are not spent). Returns the integrals, the panels and the forward
-    evaluations spent on placing them.
-    """
-    s, f = _curve(path.values, math.log(low), tolerance)
-    edges = _panel_edges(s, f, steps // PANEL_ORDER)
-    x, w = np.polynomial.legendre.leggauss(PANEL_ORDER)
-    lo, hi = edges[:-1, None], edges[1:, None]
-    nodes = (lo + (hi - lo) * (x[None] + 1) / 2).ravel()
-    weights = (w[None] * (hi - lo) / 2).ravel()
-    return weights @ path.gradients(np.exp(nodes)), len(edges) - 1, len(s)
+def _placed(path: Path, steps: int, low: float, tolerance: float, noise: float) -> tuple[np.ndarray, int, dict[str, int]]:
+    """Per-token integrals [active] on panels laid out from f alone, then checked against f (:func:`quadrature.integrate`)."""
+    total, panels, counts = quadrature.integrate(path.values, path.gradients, math.log(low), steps, tolerance, noise,
+                                                  budget=CURVE_FORWARDS)
+    return total, len(panels), counts
 
 
 # ---------------------------------------------------------------------------- occlusion

@@ -4,7 +4,8 @@
 gradients of the log-durations; the tokens before the first attributed one (and before the
 read position) run once without gradients and their keys are reused.
 :func:`differentiable_rotary` lets gradients reach float position ids through
-transformers' rotary embeddings, which compute under ``torch.no_grad()``.
+transformers' rotary embeddings where they compute under ``torch.no_grad()`` (earlier 5.x
+releases).
 """
 
 from __future__ import annotations

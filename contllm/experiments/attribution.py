@@ -258,7 +258,7 @@ class AttributionExperiment(Experiment):
         Option("tokens", "str", "Tokens to attribute: item (from the line holding the span on) or all (all but the first). [default: item]"),
         Option("readout", "str", "What is attributed: count (E[k] over the digits), truth (P(true count)) or log-truth. [default: count]"),
         Option("steps", "int", f"Gradient evaluations along the duration path (8-{MAX_STEPS}). [default: {DEFAULT_STEPS}]"),
-        Option("rule", "str", "Quadrature along the path: placed (panels placed from forward-only samples of f), adaptive or gauss. [default: placed]"),
+        Option("rule", "str", "Quadrature along the path: placed (panels laid out from forward-only samples of f, then checked against f), adaptive or gauss. [default: placed]"),
         Option("floor", "float", "Start of the path as a duration factor: 0 deletes the tokens (baseline), else in (0, 1). [default: 0]"),
         Option("first", "int", "Items: the dataset's first N (balanced over category/kind and n); 0 for all. [default: 8]"),
     )

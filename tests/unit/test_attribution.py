@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
 from contllm.attribution import Readout, attribute, differentiable_rotary, gauss_legendre_log, occlusion
+from contllm.attribution.path import _no_grad_wrapped
 from contllm.data import load_counting
 from contllm.errors import SignalError
 from contllm.experiments.attribution import EXPERIMENT, AttributionResult, ItemAttribution, line_start
@@ -77,13 +78,27 @@ def test_the_rotary_patch_lets_gradients_reach_positions_and_is_undone() -> None
     rotary = model.model.rotary_emb
     x = torch.zeros(1, 3, 4)
     positions = torch.tensor([[0.0, 1.5, 2.0]], requires_grad=True)
-    assert rotary(x, positions)[0].grad_fn is None  # the stock forward runs under no_grad
+    # Some transformers versions decorate the rotary forward with torch.no_grad(), others do not:
+    # where it is decorated, the stock forward cuts the gradient and the patch switches one module.
+    decorated = _no_grad_wrapped(type(rotary).forward) is not None
+    assert (rotary(x, positions)[0].grad_fn is None) == decorated
     with differentiable_rotary(model) as switched:
-        assert switched == 1
+        assert switched == int(decorated)
         cos, _ = rotary(x, positions)
         (grad,) = torch.autograd.grad(cos.sum(), positions)
         assert grad.abs().sum() > 0
-    assert "forward" not in vars(rotary) and rotary(x, positions)[0].grad_fn is None
+    assert "forward" not in vars(rotary) and (rotary(x, positions)[0].grad_fn is None) == decorated
+    # A no_grad-decorated forward (as other versions have) is switched for its undecorated self, and back.
+    stock = type(rotary)
+    plain = _no_grad_wrapped(stock.forward) or stock.forward
+    rotary.__class__ = type("NoGradRotaryEmbedding", (stock,), {"forward": torch.no_grad()(plain)})
+    try:
+        assert rotary(x, positions)[0].grad_fn is None
+        with differentiable_rotary(model) as switched:
+            assert switched == 1 and rotary(x, positions)[0].grad_fn is not None
+        assert "forward" not in vars(rotary) and rotary(x, positions)[0].grad_fn is None
+    finally:
+        rotary.__class__ = stock
     with pytest.raises(RuntimeError, match="boom"), differentiable_rotary(model):
         raise RuntimeError("boom")
     assert "forward" not in vars(rotary)
@@ -104,7 +119,7 @@ def test_read_outs_agree_from_logits_and_from_probabilities() -> None:
 
 
 def test_placed_panels_crowd_a_sharp_step_found_without_gradients() -> None:
-    from contllm.attribution import _curve, _panel_edges
+    from contllm.attribution.quadrature import curve, panel_edges
 
     calls: list[int] = []
 
@@ -112,10 +127,10 @@ def test_placed_panels_crowd_a_sharp_step_found_without_gradients() -> None:
         calls.append(len(tau))
         return np.tanh((np.log(tau) + 1) / 0.02)
 
-    s, f = _curve(step, -12.0, 1e-6, budget=400)
+    s, f = curve(step, -12.0, 1e-6, budget=400)
     assert sum(calls) == len(s) <= 400 and np.all(np.diff(s) > 0) and s[0] == -12.0 and s[-1] == 0.0
     assert np.diff(s)[np.abs(s[:-1] + 1) < 0.05].max() < 0.05 < np.diff(s).max()  # samples crowd the step
-    edges = _panel_edges(s, f, 8)
+    edges = panel_edges(s, f, 8)
     assert edges[0] == -12.0 and edges[-1] == 0.0 and np.all(np.diff(edges) > 0)
     widths = np.diff(edges)
     k = int(np.searchsorted(edges, -1.0)) - 1
@@ -133,7 +148,7 @@ def test_placed_panels_crowd_a_sharp_step_found_without_gradients() -> None:
 
 def test_the_placed_rule_keeps_completeness_and_counts_its_forwards(lm64: ContinuousLM) -> None:
     found = attribute(lm64, random_signal(), Readout.expectation(SETS), steps=256, rule="placed")
-    assert found.meta["panels"] == 32 and 33 <= found.meta["forwards"] <= 600
+    assert found.meta["panels"] >= 1 and 1 <= found.meta["gradients"] <= 256 and found.meta["forwards"] >= 33
     assert found.completeness_error <= 1e-4, found.completeness_error
 
 
