@@ -282,8 +282,9 @@ def attribute(
     lm: a ContinuousLM; signal: the input; tokens: indices to attribute (default: all but
     the first); position: the read token (default the last). steps: gradient evaluations
     (Gauss-Legendre nodes in log tau; the placed rule stops early when every panel checks
-    within f's rounding noise, ``meta["gradients"]`` says how many it took). floor: 0 for the deletion baseline, or a duration factor in (0, 1): the
-    path then starts at floor x d and the baseline is that signal. smallest: lowest tau
+    within f's rounding noise, ``meta["gradients"]`` says how many it took). floor: 0 for
+    the deletion baseline, or a duration factor in (0, 1): the path then starts at floor x d
+    and the baseline is that signal. smallest: lowest tau
     integrated for the deletion baseline, or None to pick it (see :func:`_lowest`). rule: "placed"
     (panels laid out from forward-only samples of f, then checked against f, see :func:`_placed`),
     "adaptive" (panels refined where the sum of the gradients integrates worst, see
@@ -377,25 +378,12 @@ def _adaptive(path: Path, steps: int, low: float) -> tuple[np.ndarray, int]:
     evaluations are spent (the halved panel's own nodes count as spent). Returns the
     integrals and the number of panels of the final rule.
     """
-    x, w = np.polynomial.legendre.leggauss(PANEL_ORDER)
     a = math.log(low)
-    known: dict[float, float] = {}
-
-    def f_at(points: list[float]) -> None:
-        new = sorted({p for p in points if p not in known})
-        if new:
-            for p, value in zip(new, path.values(np.exp(np.array(new)))):
-                known[p] = float(value)
+    checks = quadrature.Checks(path.values, path.gradients)
 
     def evaluate(bounds: list[tuple[float, float]]) -> list[tuple[float, float, np.ndarray, float]]:
-        nodes = np.concatenate([lo + (hi - lo) * (x + 1) / 2 for lo, hi in bounds])
-        grads = path.gradients(np.exp(nodes)).reshape(len(bounds), PANEL_ORDER, -1)
-        f_at([p for b in bounds for p in b])
-        out = []
-        for (lo, hi), g in zip(bounds, grads):
-            part = (w * (hi - lo) / 2) @ g
-            out.append((lo, hi, part, abs(float(part.sum()) - (known[hi] - known[lo]))))
-        return out
+        measured = checks.measure([(lo, hi, PANEL_ORDER) for lo, hi in bounds])
+        return [(lo, hi, part, abs(error)) for lo, hi, _, part, error in measured]
 
     first = max(1, min(FIRST_PANELS, steps // (2 * PANEL_ORDER)))
     # Narrower toward tau = 1, where positions move fastest: edges at a (1 - u)^2, u evenly spaced.

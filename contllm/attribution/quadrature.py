@@ -50,10 +50,8 @@ def gauss_legendre_log(steps: int, low: float) -> tuple[np.ndarray, np.ndarray]:
         raise SignalError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
     if not 0 < low < 1:
         raise SignalError(f"the lower end of the duration path must lie in (0, 1), got {low!r}")
-    x, w = np.polynomial.legendre.leggauss(steps)
-    a = math.log(low)
-    s = a + (0.0 - a) * (x + 1) / 2
-    return np.exp(s), w * (0.0 - a) / 2
+    s, w = panel_rule([(math.log(low), 0.0, steps)])
+    return np.exp(s), w
 
 
 def panel_rule(panels: list[tuple[float, float, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -215,6 +213,42 @@ def layout(s: np.ndarray, f: np.ndarray, steps: int, candidates: int = CANDIDATE
 
 
 
+class Checks:
+    """f along the path, each value computed once, and Gauss-Legendre panels measured against it.
+
+    values: tau [T] -> f [T] (no gradients); gradients: tau [T] -> df/dlog d_j [T, active].
+    ``known`` maps s to f(e^s); ``forwards`` counts the values computed (samples given at the
+    start included).
+    """
+
+    def __init__(self, values: Callable[[np.ndarray], np.ndarray], gradients: Callable[[np.ndarray], np.ndarray],
+                 s: np.ndarray | None = None, f: np.ndarray | None = None) -> None:
+        self.values, self.gradients = values, gradients
+        self.known: dict[float, float] = {} if s is None else dict(zip(np.asarray(s).tolist(), np.asarray(f).tolist()))
+        self.forwards = len(self.known)
+
+    def f_at(self, points: list[float]) -> list[float]:
+        """f at each s in ``points``; the new ones in one batch of forwards."""
+        new = sorted({p for p in points if p not in self.known})
+        if new:
+            self.forwards += len(new)
+            self.known.update(zip(new, np.asarray(self.values(np.exp(np.array(new))), dtype=np.float64).tolist()))
+        return [self.known[p] for p in points]
+
+    def measure(self, panels: list[tuple[float, float, int]]) -> list[tuple[float, float, int, np.ndarray, float]]:
+        """Per panel (lo, hi, nodes, per-token integral [active], its sum - (f(hi) - f(lo))), gradients in one batch."""
+        nodes, weights = panel_rule(panels)
+        grads = self.gradients(np.exp(nodes))
+        self.f_at([edge for lo, hi, _ in panels for edge in (lo, hi)])
+        out, k = [], 0
+        for lo, hi, o in panels:
+            part = weights[k : k + o] @ grads[k : k + o]
+            f_lo, f_hi = self.f_at([lo, hi])
+            out.append((lo, hi, o, part, float(part.sum()) - (f_hi - f_lo)))
+            k += o
+        return out
+
+
 def integrate(values: Callable[[np.ndarray], np.ndarray], gradients: Callable[[np.ndarray], np.ndarray],
               a: float, steps: int, tolerance: float, noise: float, budget: int = 600
               ) -> tuple[np.ndarray, list[tuple[float, float, int]], dict[str, int]]:
@@ -233,32 +267,10 @@ def integrate(values: Callable[[np.ndarray], np.ndarray], gradients: Callable[[n
     Returns the integrals [active], the final panels and counts: "forwards" and "gradients" spent.
     """
     s, f = curve(values, a, tolerance, budget=budget)
-    forwards = len(s)
     reserve = int(RESERVE * steps) if steps >= 32 else 0
     panels = layout(s, f, steps - reserve)
-    known = dict(zip(s.tolist(), f.tolist()))
-
-    def f_at(points: list[float]) -> list[float]:
-        nonlocal forwards
-        new = sorted({p for p in points if p not in known})
-        if new:
-            forwards += len(new)
-            known.update(zip(new, np.asarray(values(np.exp(np.array(new))), dtype=np.float64).tolist()))
-        return [known[p] for p in points]
-
-    def measure(chosen: list[tuple[float, float, int]]) -> list[tuple[float, float, int, np.ndarray, float]]:
-        nodes, weights = panel_rule(chosen)
-        grads = gradients(np.exp(nodes))
-        f_at([edge for lo, hi, _ in chosen for edge in (lo, hi)])  # one batch of forwards for every new edge
-        out, k = [], 0
-        for lo, hi, o in chosen:
-            part = weights[k : k + o] @ grads[k : k + o]
-            f_lo, f_hi = f_at([lo, hi])
-            out.append((lo, hi, o, part, float(part.sum()) - (f_hi - f_lo)))
-            k += o
-        return out
-
-    measured = measure(panels)
+    checks = Checks(values, gradients, s, f)
+    measured = checks.measure(panels)
     spent = sum(o for _, _, o in panels)
     settled: set[tuple[float, float]] = set()  # panels whose new layout measured no better
     while spent < steps:
@@ -271,13 +283,13 @@ def integrate(values: Callable[[np.ndarray], np.ndarray], gradients: Callable[[n
         if nodes <= o:  # no more nodes than it has: nothing to gain
             settled.add((lo, hi))
             continue
-        f_at(np.linspace(lo, hi, REFINE_SAMPLES + 2)[1:-1].tolist())
-        points = np.array(sorted(p for p in known if lo <= p <= hi))
-        trial = measure(layout(points, np.array([known[p] for p in points]), nodes))
+        checks.f_at(np.linspace(lo, hi, REFINE_SAMPLES + 2)[1:-1].tolist())
+        points = np.array(sorted(p for p in checks.known if lo <= p <= hi))
+        trial = checks.measure(layout(points, np.array(checks.f_at(points.tolist())), nodes))
         spent += sum(m[2] for m in trial)
         if abs(sum(m[4] for m in trial)) < abs(error):
             measured[worst : worst + 1] = trial
         else:
             settled.add((lo, hi))
     total = np.sum([m[3] for m in measured], axis=0)
-    return total, [(lo, hi, o) for lo, hi, o, _, _ in measured], {"forwards": forwards, "gradients": spent}
+    return total, [(lo, hi, o) for lo, hi, o, _, _ in measured], {"forwards": checks.forwards, "gradients": spent}
