@@ -6,7 +6,7 @@ entry (safetensors, tokenizer files and a record) under :func:`cache_root`; late
 read that entry. Entries are written atomically, checked before every load, and rebuilt
 with a warning when they are partial or corrupt.
 
-The package is split along those steps: :mod:`~contllm.models.registry` (the embedded
+The package is split along those steps: :mod:`~contllm.models.catalog` (the embedded
 models, :data:`DEFAULT_MODEL`, what a name refers to), :mod:`~contllm.models.cache`
 (entries and their records), :mod:`~contllm.models.conversion` (GGUF to safetensors)
 and :mod:`~contllm.models.load` (options, ``from_pretrained``, :func:`load_model`).
@@ -32,7 +32,7 @@ from contllm.models.load import (
     parse_dtype,
     resolve_device,
 )
-from contllm.models.registry import (
+from contllm.models.catalog import (
     DEFAULT_MODEL,
     REGISTRY,
     AssembledGguf,

@@ -28,7 +28,7 @@ from contllm.models.cache import (
     staging_dir,
     write_cache_entry,
 )
-from contllm.models.registry import EmbeddedModel, LoadedModel, ModelInfo, count_parameters, known_aliases, resolve
+from contllm.models.catalog import EmbeddedModel, LoadedModel, ModelInfo, count_parameters, known_aliases, resolve
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
 from contllm.families import FAMILIES, family_of
 from contllm.models.cache import cache_entry_problems, cache_root, read_record
 from contllm.models.conversion import ensure_cached
-from contllm.models.registry import (
+from contllm.models.catalog import (
     DEFAULT_MODEL,
     REGISTRY,
     LoadedModel,

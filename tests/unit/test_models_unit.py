@@ -17,7 +17,7 @@ import transformers as tf
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from contllm import models as M
-from contllm.models import cache, conversion, registry
+from contllm.models import cache, catalog, conversion
 from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
 
 pytestmark = pytest.mark.unit
@@ -562,7 +562,7 @@ def test_4k_flip_without_the_package_is_a_load_error(
     M.load_model("tiny", cache_dir=tmp_path)
     weights = tmp_path / "tiny" / "model.safetensors"
     _flip(weights, _flip_offsets(weights)["unsampled"], restore_stat=False)
-    monkeypatch.setattr(registry, "find_spec", lambda name: None)
+    monkeypatch.setattr(catalog, "find_spec", lambda name: None)
     with pytest.raises(ModelLoadError) as info:
         M.load_model("tiny", cache_dir=tmp_path)
     message = str(info.value)
@@ -634,14 +634,14 @@ def test_valid_entry_loads_without_the_package(
     fake_alias: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     M.load_model("tiny", cache_dir=tmp_path)
-    monkeypatch.setattr(registry, "find_spec", lambda name: None)
+    monkeypatch.setattr(catalog, "find_spec", lambda name: None)
     M.load_model("tiny", cache_dir=tmp_path)
     assert fake_alias["conversions"] == 1
 
 
 @pytest.mark.parametrize("alias", ["smollm2-135m", "gemma3-270m"])
 def test_missing_package_names_the_install_command(alias: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "find_spec", lambda name: None)
+    monkeypatch.setattr(catalog, "find_spec", lambda name: None)
     with pytest.raises(ModelLoadError) as info:
         M.load_model(alias, cache_dir=tmp_path)
     assert M.REGISTRY[alias].install_command in str(info.value)
@@ -655,5 +655,5 @@ def test_list_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         assert listing.cache_path == tmp_path / listing.alias
         assert listing.cached is False
         assert listing.n_parameters > 100_000_000
-    monkeypatch.setattr(registry, "find_spec", lambda name: None)
+    monkeypatch.setattr(catalog, "find_spec", lambda name: None)
     assert not any(m.installed for m in M.list_models(cache_dir=tmp_path))
