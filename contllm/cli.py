@@ -230,15 +230,10 @@ def models(
     cache_dir: Optional[Path] = typer.Option(None, help="Cache of converted models. [default: $CONTLLM_CACHE or ~/.cache/contllm]"),
 ) -> None:
     """List the embedded model aliases: family, size, whether installed and converted."""
-    from contllm.models import list_models
+    from contllm.models import format_listings, list_models
 
-    rows = _guarded(lambda: list_models(cache_dir), typer.Exit)
-    typer.echo(f"{'alias':<14} {'family':<12} {'params':>8}  {'installed':<9}  {'cached':<6}  install")
-    for r in rows:
-        typer.echo(
-            f"{r.alias:<14} {r.family:<12} {r.n_parameters / 1e6:>7.0f}M  {'yes' if r.installed else 'no':<9}  "
-            f"{'yes' if r.cached else 'no':<6}  {'' if r.installed else r.install_command}"
-        )
+    for line in format_listings(_guarded(lambda: list_models(cache_dir), typer.Exit)):
+        typer.echo(line)
 
 
 @app.command()
