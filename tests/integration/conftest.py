@@ -22,6 +22,12 @@ def gemma() -> ContinuousLM:
     return contllm.load("gemma3-270m")
 
 
+@pytest.fixture(scope="session")
+def qwen() -> ContinuousLM:
+    """Qwen2.5-Coder-0.5B, the qwen2 family; about 4-5x SmolLM2's FLOPs, so few and short tests use it."""
+    return contllm.load("qwen2.5-coder-0.5b")
+
+
 @pytest.fixture(params=["smollm", "gemma"], scope="session")
 def real_lm(request: pytest.FixtureRequest) -> ContinuousLM:
     return request.getfixturevalue(request.param)
