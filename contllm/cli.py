@@ -103,11 +103,17 @@ def experiment_command(name: str) -> click.Command:
     run_keys = {p.name for p in params} - {o.name for o in experiment.options}
 
     def callback(**values: Any) -> None:
-        from contllm.runner import run
+        from contllm.runner import SETTINGS, run
+        from contllm.settings import RunSettings
 
         given = {k: v for k, v in values.items() if k not in run_keys}
-        common = {k: v for k, v in values.items() if k in run_keys}
-        path = _guarded(lambda: run(name, options=given, say=_say, progress=True, **common))
+        where = {k: v for k, v in values.items() if k in run_keys and k not in SETTINGS}
+
+        def start() -> Any:
+            settings = RunSettings(**{k: v for k, v in values.items() if k in run_keys and k in SETTINGS})
+            return run(name, options=given, settings=settings, say=_say, progress=True, **where)
+
+        path = _guarded(start)
         if _is_main_process():  # under a launch every process returns the path; one prints it
             click.echo(str(path))
 
@@ -115,9 +121,17 @@ def experiment_command(name: str) -> click.Command:
         name,
         params=params,
         callback=callback,
-        help=f"{experiment.help}\n\n{experiment.description}".strip(),
+        help=f"{experiment.help}\n\n{experiment.description}{_metrics_help(experiment)}".strip(),
         short_help=experiment.help,
     )
+
+
+def _metrics_help(experiment: Any) -> str:
+    """The experiment's declared metrics, one line each, for ``contllm run NAME --help``."""
+    if not experiment.metrics:
+        return ""
+    lines = [f"  {m.name} ({m.direction} is better): {m.meaning}" for m in experiment.metrics]
+    return "\n\nMetrics in summary.json:\n\n\b\n" + "\n".join(lines)
 
 
 def spec_command(path: str) -> click.Command:
@@ -163,7 +177,7 @@ class RunGroup(click.Group):
         return registry.names()
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in registry.EXPERIMENTS:
+        if registry.known(cmd_name):
             return _guarded(lambda: experiment_command(cmd_name))
         if _is_spec(cmd_name):
             return spec_command(cmd_name)
@@ -200,7 +214,7 @@ Examples:
   contllm run boolean --operators AND,OR,XOR --method slerp
   contllm run depth --items 1
   contllm run pde --times 0,1,16 --variants attention,matched
-  contllm run experiments/paper.toml
+  contllm run specs/paper.toml
 """
 
 

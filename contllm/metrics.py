@@ -5,7 +5,7 @@ A *count curve* is one dataset item swept over a duration factor c: ``factors`` 
 (the model's next-token probability of each label at each factor, in [0, 1]),
 ``labels`` [K] (distinct integers such as 0..9) and ``n``, the true count (>= 1).
 
-The paper-style metrics (DESIGN.md section 3): for a threshold h in [0, 1] a label is
+The paper-style metrics (the paper's section on counting and events): for a threshold h in [0, 1] a label is
 *found* if its probability reaches h (``>=``) at some factor of the sweep. The *observed
 time sensitivity* at h is the share of the expected counts {1..n} found on the sweep,
 the *counterfactual* one the same share read only at c = 1; both are averaged over

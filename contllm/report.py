@@ -8,8 +8,10 @@ registered experiment) and writes into DIR::
     comparison.png    the runs side by side (also as comparison.pdf), where the experiment draws one
 
 The headline numbers are recomputed from results.json by the experiment's own summary,
-so runs made by different versions are compared by the same definitions. Only runs of
-one experiment can be compared.
+so runs made by different versions are compared by the same definitions. Rows are
+ordered best first by the experiment's first declared metric
+(:class:`~contllm.experiments.base.Metric`, higher or lower is better), and the Markdown
+ranks the runs by each declared metric. Only runs of one experiment can be compared.
 """
 
 from __future__ import annotations
@@ -32,18 +34,6 @@ REQUIRED = (CONFIG, MANIFEST, RESULTS)
 #: The files a report writes; with --force only these are replaced, nothing is deleted.
 REPORT_FILES = ("summary.md", "summary.csv", "comparison.png", "comparison.pdf")
 
-#: What each headline number means, for the Markdown report.
-DEFINITIONS = {
-    "accuracy_at_1": "share of items whose most probable digit at factor 1 is the true count",
-    "mean_spearman_implied_vs_factor": "Spearman correlation of the implied count E[k] with the factor, mean over items",
-    "auc_observed_time_sensitivity": "area over h of the share of counts 1..n reaching probability h somewhere on the sweep",
-    "auc_counterfactual_time_sensitivity": "the same, read only at factor 1",
-    "argmax_coverage": "share of counts 1..n that are the most probable digit at some factor",
-    "accuracy_at_alpha_0": "truth-table accuracy (P(1) vs P(0)) of the first operator, at alpha 0",
-    "accuracy_at_alpha_1": "truth-table accuracy of the second operator, at alpha 1",
-    "mean_total_variation_p1": "total variation of P(1) over the alpha sweep, mean over items",
-    "mean_max_jump_p1": "largest change of P(1) between neighbouring alphas, mean over items",
-}
 
 
 @dataclass
@@ -146,13 +136,37 @@ def _label(runs: list[Run]) -> None:
 # --------------------------------------------------------------------------- tables
 
 
+def _value(run: Run, metric: Any) -> float | None:
+    """The run's value of ``metric``, or None where it has none (or NaN)."""
+    value = run.summary.get(metric.name)
+    if not _is_number(value) or value is None or math.isnan(value):
+        return None
+    return float(value)
+
+
+def ranked(runs: Sequence[Run], metric: Any) -> list[Run]:
+    """The runs best first by ``metric``'s declared direction; runs without a value last, in their given order."""
+    have = [r for r in runs if _value(r, metric) is not None]
+    return sorted(have, key=lambda r: metric.rank_key(_value(r, metric))) + [r for r in runs if r not in have]
+
+
+def ordered(runs: Sequence[Run]) -> list[Run]:
+    """The runs best first by the first declared metric any of them reports (given order without one)."""
+    experiment = registry.get(runs[0].experiment)
+    for metric in experiment.metrics:
+        if any(_value(r, metric) is not None for r in runs):
+            return ranked(runs, metric)
+    return list(runs)
+
+
 def table(runs: Sequence[Run]) -> tuple[list[str], list[list[Any]]]:
-    """Columns and rows of the summary: one row per run, headline numbers as floats.
+    """Columns and rows of the summary: one row per run (best first, :func:`ordered`), headline numbers as floats.
 
     The experiment may add columns that describe a run (a sweep's range and samples). A
     number that a run cannot give (accuracy at factor 1 when its range excludes 1) is None.
     """
     fixed = ["run", "model", "experiment", "items"]
+    runs = ordered(runs)
     experiment = registry.get(runs[0].experiment)
     described = [experiment.report_columns(r.result) for r in runs]
     extra: list[str] = []
@@ -204,7 +218,14 @@ def markdown(runs: Sequence[Run], *, figure: bool = True) -> str:
     lines.append("")
     if any(v is None for row in rows for v in row):
         lines += ["n/a: the run's range does not hold the value the number is read at.", ""]
-    lines += [f"- `{k}`: {DEFINITIONS[k]}" for k in columns if k in DEFINITIONS]
+    declared = {m.name: m for m in registry.get(experiment).metrics}
+    lines += [f"- `{k}` ({declared[k].direction} is better): {declared[k].meaning}" for k in columns if k in declared]
+    ranking = [m for m in declared.values() if m.name in columns]
+    if len(runs) > 1 and ranking:
+        lines += ["", "Runs ranked by each metric, best first:", ""]
+        for m in ranking:
+            order = ", ".join(f"{r.label} ({_cell(_value(r, m), markdown=True)})" for r in ranked(runs, m))
+            lines.append(f"- `{m.name}`: {order}")
     if figure:
         lines += ["", "![models compared](comparison.png)", ""]
     return "\n".join(lines)

@@ -1,11 +1,16 @@
-"""The one run lifecycle, for every registered experiment.
+"""Every way of running an experiment, through one lifecycle.
+
+``contllm run NAME`` (:mod:`contllm.cli`), spec files (:mod:`contllm.spec`) and Python
+all come here: :func:`run` writes a run directory, :func:`run_experiment` returns a
+result and writes nothing, :func:`compute_records` is what both compute with.
 
 :func:`run` checks the options, opens the run directory, loads the model, writes the
 manifest, skips what a previous run finished (``resume``), shares the rest over the
 processes of an ``accelerate launch`` (experiments that use the engine), saves one record
 per finished item, and writes the result, its tables, its summary and its figures. What
 an experiment computes is its own (:class:`contllm.experiments.base.Experiment`); how a
-run is kept on disk is :mod:`contllm.runs`.
+run is kept on disk is :mod:`contllm.runs`; which files a result becomes is
+:mod:`contllm.outputs`.
 
 Order of work: everything that can be checked without the model is checked before the
 model loads, and everything that needs the model is checked before anything is written.
@@ -13,36 +18,143 @@ model loads, and everything that needs the model is checked before anything is w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from contllm import registry
 from contllm.data import select_items
 from contllm.errors import ExperimentError, RunDirectoryError
-from contllm.experiments import run_experiment, save
-from contllm.models import DEFAULT_MODEL
-from contllm.runs import RunDir, base_manifest, default_out, load_for_run, now
+from contllm.experiments.base import Experiment, RunContext
+from contllm.outputs import save
+from contllm.runs import RunDir, base_manifest, default_out, now
+from contllm.settings import RunSettings, group_bytes_from_env
 
 Say = Callable[[str], None]
+
+#: The keyword arguments of :func:`run` and :func:`check_run` that build a :class:`RunSettings`.
+SETTINGS = tuple(f.name for f in fields(RunSettings))
 
 
 def _quiet(message: str) -> None:
     """Where news goes when nobody listens."""
 
 
+# ---------------------------------------------------------------------------- computing records
+
+
+def context_for(lm: Any, *, seed: int = 0, say: Say | None = None, model_name: str | None = None,
+                max_batch_tokens: int | None = None, group_bytes: int | None = None,
+                evaluate: Callable[[list[Any]], Any] | None = None) -> RunContext:
+    """The :class:`RunContext` of a run on ``lm``: its engine's ``probs`` as ``evaluate`` (unless given), seed, budgets.
+
+    group_bytes: None reads CONTLLM_GROUP_BYTES (see :mod:`contllm.settings`).
+    """
+    if evaluate is None:
+        from contllm.engine import Engine
+
+        evaluate = Engine(lm, max_batch_tokens=max_batch_tokens).probs
+    model = model_name or getattr(getattr(lm, "info", None), "name", None) or "model"
+    return RunContext(evaluate=evaluate, seed=seed, say=say or _quiet, model_name=str(model),
+                      max_batch_tokens=max_batch_tokens,
+                      group_bytes=group_bytes_from_env() if group_bytes is None else group_bytes)
+
+
+def run_experiment(
+    lm: Any,
+    name: str,
+    config: Any = None,
+    *,
+    items: str | int | None = None,
+    skip: Mapping[str, Any] | None = None,
+    on_record: Callable[[str, Any], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    context: RunContext | None = None,
+    **context_options: Any,
+) -> Any:
+    """Run experiment ``name`` on ``lm`` and return its result (nothing is written)::
+
+        result = run_experiment(contllm.load(), "counting", CountingConfig(samples=10), items="5")
+
+    config: the experiment's config dataclass (None: defaults). items: the first N items
+    or comma-separated ids (None: all). skip: records already computed, by item id
+    (reused). on_record: called with (item id, record) after each new record. progress:
+    called with (items done, items total). context: the run's :class:`RunContext`; without
+    it one is made by :func:`context_for` from ``context_options`` (evaluate, seed, say,
+    model_name, max_batch_tokens, group_bytes).
+    """
+    experiment = registry.get(name)
+    config = experiment.check_config(config if config is not None else experiment.config())
+    chosen = select_items(experiment.items(config), items)
+    skip = dict(skip or {})
+    context = context or context_for(lm, **context_options)
+    fresh = compute_records(lm, experiment, config, chosen, context, skip=skip, on_record=on_record, progress=progress)
+    records = [skip[item.id] if item.id in skip else fresh[item.id] for item in chosen]
+    return experiment.result(context.model_name, config, records)
+
+
+def compute_records(
+    lm: Any,
+    experiment: Experiment,
+    config: Any,
+    chosen: Sequence[Any],
+    context: RunContext,
+    *,
+    skip: Collection[str] = (),
+    on_record: Callable[[str, Any], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    share: Callable[[list[Any]], list[Any]] | None = None,
+) -> dict[str, Any]:
+    """The records of the ``chosen`` items whose ids are not in ``skip``, by item id.
+
+    Items are computed in the experiment's groups (:meth:`Experiment.groups`): a group
+    with any record missing is computed whole, and the records it yields for items in
+    ``skip`` are dropped. share: under a launch, takes the unfinished items and returns
+    this process's part of them, which is then grouped on its own (every process gets
+    work; the records agree with a single process's to float summation order).
+    """
+    if share is not None:
+        mine = share([item for item in chosen if item.id not in skip])
+        groups = experiment.groups(lm, config, mine, context) if mine else []
+        calls = [mine] if groups is None else groups
+    else:
+        groups = experiment.groups(lm, config, chosen, context)
+        if groups is None:
+            calls = [[item for item in chosen if item.id not in skip]]
+        else:
+            calls = [group for group in groups if any(item.id not in skip for item in group)]
+    wanted = {item.id for call in calls for item in call if item.id not in skip}
+    total = len(wanted) if share is not None else len(chosen)
+    done = total - len(wanted)
+    if progress is not None:
+        progress(done, total)
+    fresh: dict[str, Any] = {}
+    for call in calls:
+        for item_id, record in experiment.run(lm, config, call, context) if call else ():
+            if item_id not in wanted:
+                continue
+            fresh[item_id] = record
+            if on_record is not None:
+                on_record(item_id, record)
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    return fresh
+
+
+# ---------------------------------------------------------------------------- a run into a directory
+
+
 @dataclass
-class Plan:
+class CheckedRun:
     """A run checked before anything loads or is written: what to compute and how to keep it."""
 
     experiment: Any
     config: Any
+    settings: RunSettings
     resolved: dict[str, Any]  # what config.json records, and what --resume must match
     chosen: list[str]  # the item ids, in order
-    item_figures: bool = True
-    max_batch_tokens: int | None = None
-    device_map: str | None = None
     progress: bool = False
     say: Say = _quiet
 
@@ -52,56 +164,39 @@ class Plan:
 
     @property
     def model(self) -> str:
-        return str(self.resolved["model"])
+        return self.settings.model
 
 
-def plan(
+def check_run(
     name: str,
     *,
     options: Mapping[str, Any] | None = None,
     config: Any = None,
-    model: str = DEFAULT_MODEL,
-    items: str | int | None = None,
-    seed: int = 0,
-    dtype: str | None = None,
-    item_figures: bool = True,
-    max_batch_tokens: int | None = None,
-    device_map: str | None = None,
+    settings: RunSettings | None = None,
     say: Say | None = None,
     progress: bool = False,
-) -> Plan:
-    """Check everything about a run that needs no model and no file; ExperimentError otherwise."""
-    from contllm.distributed import launch_size
-    from contllm.models import check_device_map
+    **values: Any,
+) -> CheckedRun:
+    """Check everything about a run that needs no model and no file; ExperimentError otherwise.
 
+    settings: the run's :class:`RunSettings`, or its fields given one by one (``values``;
+    not both). options (option values by name, as typed on the command line or in a
+    spec) or config (the experiment's config dataclass): the experiment's own options.
+    """
     experiment = registry.get(name)
+    unknown = sorted(set(values) - set(SETTINGS))
+    if unknown:
+        raise ExperimentError(f"run() got unknown setting(s) {', '.join(unknown)}; settings: {', '.join(SETTINGS)}")
+    if settings is not None and values:
+        raise ExperimentError("give either settings or its fields one by one, not both")
+    settings = settings or RunSettings(**values)
     if config is not None and options:
         raise ExperimentError("give either options or a config, not both")
     config = experiment.check_config(config) if config is not None else experiment.config(options)
-    if not experiment.engine:
-        unused = [flag for flag, value in (("--max-batch-tokens", max_batch_tokens), ("--device-map", device_map)) if value is not None]
-        if unused:
-            raise ExperimentError(f"option(s) {', '.join(unused)} do not apply to the {name} experiment")
-    if not experiment.shardable and launch_size() > 1:
-        raise ExperimentError(f"{name} runs in one process; start it without a launcher")
-    if max_batch_tokens is not None and (isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int) or max_batch_tokens < 1):
-        raise ExperimentError(f"--max-batch-tokens must be an integer >= 1, got {max_batch_tokens!r}")
-    if device_map is not None:
-        check_device_map(device_map)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ExperimentError(f"seed must be an integer, got {seed!r}")
-    chosen = [item.id for item in select_items(experiment.items(config), items)]
-    resolved = {
-        "experiment": name,
-        "model": model,
-        "dtype": dtype,
-        "items": None if items is None else str(items),
-        "seed": seed,
-        "options": experiment.config_dict(config),
-    }
-    if experiment.engine:  # the chunking changes float summation order: a resumed run must keep it
-        resolved["max_batch_tokens"] = max_batch_tokens
-    return Plan(experiment, config, resolved, chosen, item_figures, max_batch_tokens, device_map, progress, say or _quiet)
+    settings.check_for(experiment)
+    chosen = [item.id for item in select_items(experiment.items(config), settings.items)]
+    resolved = {"experiment": name, **settings.recorded(), "options": experiment.config_dict(config)}
+    return CheckedRun(experiment, config, settings, resolved, chosen, progress, say or _quiet)
 
 
 def run(
@@ -112,58 +207,69 @@ def run(
     resume: bool = False,
     force: bool = False,
     device: str = "auto",
-    **settings: Any,
+    **checked: Any,
 ) -> Path:
     """Run experiment ``name`` into a run directory; returns its path.
 
-    settings (see :func:`plan`): options (option values by name, as typed on the command
-    line or in a spec; None: defaults) or config (the experiment's config dataclass),
-    model (what to load, and how config.json names it; default the embedded SmolLM2),
-    items (the first N or comma-separated ids), seed, dtype, item_figures,
-    max_batch_tokens and device_map (engine experiments), say (where news lines go),
-    progress (a progress bar on stderr). lm: an already loaded model (then ``model``
-    only names it). out: the run directory (default runs/<name>-<model>-<time>);
-    resume: continue the run there; force: replace the run there.
+    checked (see :func:`check_run`): options or config, settings or the fields of a
+    :class:`~contllm.settings.RunSettings` (model, items, seed, dtype, max_batch_tokens,
+    device_map, item_figures, group_bytes), say (where news lines go), progress (a
+    progress bar on stderr). lm: an already loaded model (then ``model`` only names it).
+    out: the run directory (default runs/<name>-<model>-<time>); resume: continue the run
+    there (its config.json must match); force: replace the run there.
     Raises a ContllmError subclass for bad input, before anything is written.
     """
     import torch
 
     from contllm.distributed import device_map_memory, start_processes
 
-    checked = plan(name, **settings)
-    procs = start_processes(device, device_map=checked.device_map)
-    echo = checked.say if procs.is_main else _quiet
+    plan = check_run(name, **checked)
+    settings = plan.settings
+    procs = start_processes(device, device_map=settings.device_map)
+    echo = plan.say if procs.is_main else _quiet
     # The default name holds the time, which the processes must agree on.
-    out = Path(procs.broadcast(str(out if out is not None else default_out(name, checked.model))))
-    run_dir = RunDir(out, checked.resolved, resume=resume, force=force)
+    out = Path(procs.broadcast(str(out if out is not None else default_out(name, plan.model))))
+    run_dir = RunDir(out, plan.resolved, resume=resume, force=force)
     procs.barrier()  # every process has checked the directory before the main one writes to it
-    torch.manual_seed(checked.resolved["seed"])
+    torch.manual_seed(settings.seed)
     if lm is None and procs.is_main:
-        _note_half_precision(checked.resolved["dtype"], procs.device or device, echo)
+        _note_half_precision(settings.dtype, procs.device or device, echo)
     if lm is None:
         placement: dict[str, Any] = {}
-        if checked.device_map is not None:
-            placement = {"device_map": checked.device_map, "max_memory": device_map_memory(procs)}
+        if settings.device_map is not None:
+            placement = {"device_map": settings.device_map, "max_memory": device_map_memory(procs)}
         with procs.main_first():  # an embedded model is converted into the cache once
-            lm = load_for_run(checked.model, device=procs.device or device, dtype=checked.resolved["dtype"],
-                              say=echo, **placement)
-    checked.experiment.check(lm, checked.config)
+            lm = load_for_run(plan.model, device=procs.device or device, dtype=settings.dtype, say=echo, **placement)
+    plan.experiment.check(lm, plan.config)
     try:
-        return _Execution(checked, lm, run_dir, procs, echo).run()
+        return _Execution(plan, lm, run_dir, procs, echo).run()
     finally:
         run_dir.close()
+
+
+def load_for_run(model: str, *, device: str, dtype: str | None, say: Say, **options: Any) -> Any:
+    """Load ``model`` for a run without transformers' own progress bars; ``say`` gets the load time."""
+    import time
+
+    from transformers.utils import logging as hf_logging
+
+    from contllm import load
+
+    hf_logging.disable_progress_bar()  # the run's own progress is the one to watch
+    started = time.perf_counter()
+    lm = load(model, device=device, dtype=dtype, **options)
+    say(f"loaded {lm!r} in {time.perf_counter() - started:.1f} s")
+    return lm
 
 
 class _Execution:
     """One run of a checked plan: open the directory, compute what is missing, write the outputs."""
 
-    def __init__(self, plan: Plan, lm: Any, run_dir: RunDir, procs: Any, echo: Say) -> None:
+    def __init__(self, plan: CheckedRun, lm: Any, run_dir: RunDir, procs: Any, echo: Say) -> None:
         self.plan, self.lm, self.run_dir, self.procs, self.echo = plan, lm, run_dir, procs, echo
-        self.evaluate = None
-        if plan.experiment.engine:
-            from contllm.engine import Engine
-
-            self.evaluate = Engine(lm, max_batch_tokens=plan.max_batch_tokens).probs
+        settings = plan.settings
+        self.context = context_for(lm, seed=settings.seed, say=echo, model_name=plan.model,
+                                   max_batch_tokens=settings.max_batch_tokens, group_bytes=settings.group_bytes)
 
     def run(self) -> Path:
         plan, procs, run_dir = self.plan, self.procs, self.run_dir
@@ -173,8 +279,8 @@ class _Execution:
             if result is None:  # not the main process: its share is on disk
                 return run_dir.path
         else:
-            result = self.compute(plan.resolved["items"], done, plan.name, True)
-        summary = save(result, run_dir.path, item_figures=plan.item_figures, name=plan.name)
+            result = self.compute(done)
+        summary = save(result, run_dir.path, item_figures=plan.settings.item_figures, name=plan.name)
         run_dir.write_manifest({"status": "finished", "finished": now(), "items": len(plan.chosen)})
         for key, value in summary.items():
             if isinstance(value, float):
@@ -190,8 +296,8 @@ class _Execution:
         manifest = base_manifest(self.lm, plan.model)
         if plan.experiment.engine and _is_half(self.lm):  # the engine keeps everything between the matmuls in float32
             manifest["state_dtype"] = "float32"
-        if plan.device_map is not None:
-            manifest["device_map"] = plan.device_map
+        if plan.settings.device_map is not None:
+            manifest["device_map"] = plan.settings.device_map
         if procs.launched or run_dir.resumed:
             manifest["processes"] = procs.describe()
         run_dir.write_manifest({**manifest, "status": "running"})
@@ -203,21 +309,16 @@ class _Execution:
             self.echo(f"{len(done)} {plan.experiment.unit}s already finished; skipping them")
         return done
 
-    def compute(self, selection: str | int | None, skip: Mapping[str, Any], label: str, show: bool) -> Any:
-        """The result over ``selection``, each new record saved as it is finished."""
+    def keep(self, item_id: str, record: Any) -> None:
+        """Save one finished record (items/ or this process's shard)."""
+        self.run_dir.save_record(item_id, self.plan.experiment.encode(record))
+
+    def compute(self, skip: Mapping[str, Any]) -> Any:
+        """The result over the run's items, each new record saved as it is finished."""
         plan = self.plan
-
-        def keep(item_id: str, record: Any) -> None:
-            self.run_dir.save_record(item_id, plan.experiment.encode(record))
-
-        return _with_progress(
-            label,
-            show and plan.progress,
-            lambda tick: run_experiment(
-                self.lm, plan.name, plan.config, items=selection, evaluate=self.evaluate, skip=skip,
-                on_record=keep, progress=tick, model_name=plan.model, seed=plan.resolved["seed"], say=self.echo,
-            ),
-        )
+        return _with_progress(plan.name, plan.progress, lambda tick: run_experiment(
+            self.lm, plan.name, plan.config, items=plan.settings.items, skip=skip, on_record=self.keep,
+            progress=tick, context=self.context))
 
     def shared(self, done: dict[str, Any]) -> Any:
         """Under a launch: this process's share of the missing work; the main process then merges and assembles."""
@@ -235,18 +336,10 @@ class _Execution:
 
         run_dir.use_shard(procs.rank)
         if pending:
-            from contllm.experiments import compute_records
-            from contllm.experiments.base import Context
-
-            chosen = select_items(plan.experiment.items(plan.config), plan.resolved["items"])
-            context = Context(evaluate=self.evaluate, seed=plan.resolved["seed"], say=self.echo, model_name=plan.model)
-
-            def keep(item_id: str, record: Any) -> None:
-                run_dir.save_record(item_id, plan.experiment.encode(record))
-
+            chosen = select_items(plan.experiment.items(plan.config), plan.settings.items)
             label = f"{plan.name} [{procs.rank + 1}/{procs.world_size}]"
             _with_progress(label, procs.is_main and plan.progress, lambda tick: compute_records(
-                self.lm, plan.experiment, plan.config, chosen, context, skip=finished, on_record=keep,
+                self.lm, plan.experiment, plan.config, chosen, self.context, skip=finished, on_record=self.keep,
                 progress=tick, share=share))
         # Returns once every process has finished its share (and so written its records).
         shards = procs.gather(procs.report(len(mine)))
@@ -262,8 +355,8 @@ class _Execution:
             )
         run_dir.write_manifest({"processes": {**procs.describe(), "shards": shards}})
         # Every item is in `done`, so this only assembles the records in the items' order.
-        return run_experiment(self.lm, plan.name, plan.config, items=plan.resolved["items"], skip=done,
-                              model_name=plan.model, seed=plan.resolved["seed"])
+        return run_experiment(self.lm, plan.name, plan.config, items=plan.settings.items, skip=done,
+                              context=self.context)
 
 
 def _note_half_precision(dtype: str | None, device: str, say: Say) -> None:

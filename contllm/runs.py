@@ -55,21 +55,6 @@ def default_out(experiment: str, model: str) -> Path:
     return Path("runs") / f"{experiment}-{safe_model}-{stamp}"
 
 
-def load_for_run(model: str, *, device: str, dtype: str | None, say: Any, **options: Any) -> Any:
-    """Load ``model`` for a run without transformers' own progress bars; ``say`` gets the load time."""
-    import time
-
-    from transformers.utils import logging as hf_logging
-
-    from contllm import load
-
-    hf_logging.disable_progress_bar()  # the run's own progress is the one to watch
-    started = time.perf_counter()
-    lm = load(model, device=device, dtype=dtype, **options)
-    say(f"loaded {lm!r} in {time.perf_counter() - started:.1f} s")
-    return lm
-
-
 def is_run_dir(path: str | Path) -> bool:
     """Whether ``path`` was written by a run (it holds a config.json)."""
     return (Path(path) / CONFIG).is_file()

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from contllm.errors import ExperimentError
+from contllm.settings import RunSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -47,23 +48,26 @@ SAFE_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 @dataclass
 class SpecEntry:
-    model: str
+    """One (model, experiment) run of a spec: the experiment, its label, its options and the run's settings."""
+
     experiment: str
     label: str
-    items: str | None
     options: dict[str, Any]
+    settings: RunSettings
+
+    @property
+    def model(self) -> str:
+        return self.settings.model
 
 
 @dataclass
 class Spec:
+    """A checked spec file: where its runs go, its models, the device, and one entry per (model, experiment)."""
+
     path: Path
     out: Path
     models: list[str]
-    dtype: str | None
     device: str
-    seed: int
-    max_batch_tokens: int | None
-    item_figures: bool
     entries: list[SpecEntry]
 
 
@@ -122,7 +126,7 @@ def load_spec(path: Path) -> Spec:
         if not isinstance(table, dict):
             raise ExperimentError(f"{where}: experiment {k} is not a table")
         name = table.get("name")
-        if name not in registry.EXPERIMENTS:
+        if not registry.known(name):
             raise ExperimentError(
                 f"{where}: experiment {k}: name must be one of {', '.join(registry.names())}, got {name!r}"
             )
@@ -151,12 +155,15 @@ def load_spec(path: Path) -> Spec:
         try:
             config = experiment.config(options)
             select_items(experiment.items(config), items)
+            settings = [RunSettings(model=model, items=items, seed=seed, dtype=dtype, item_figures=item_figures,
+                                    max_batch_tokens=max_batch_tokens) for model in models]
+            for one in settings:
+                one.check_for(experiment)
         except ExperimentError as exc:
             raise ExperimentError(f"{where}: experiment {k} ({label}): {exc}") from None
-        for model in models:
-            entries.append(SpecEntry(model, name, label, None if items is None else str(items), options))
+        entries += [SpecEntry(name, label, options, one) for one in settings]
     root = Path(out) if out is not None else Path("runs") / path.stem
-    return Spec(path, root, models, dtype, device, seed, max_batch_tokens, item_figures, entries)
+    return Spec(path, root, models, device, entries)
 
 
 def _model_dir(model: str) -> str:
@@ -173,31 +180,31 @@ def run_spec(
     dtype: str | None = None,
     say: Any = None,
 ) -> list[Path]:
-    """Run every (model, experiment) of a spec; returns the run directories.
+    """Run every (model, experiment) of a spec through :func:`contllm.runner.run`; returns the run directories.
 
-    Every entry's options and items are checked before the first model loads.
+    Every entry's options and items are checked before the first model loads. device and
+    dtype override the spec's.
     """
-    from contllm import load, registry
+    from dataclasses import replace
+
+    from contllm import load
     from contllm.distributed import start_processes
     from contllm.runner import run
 
     spec = load_spec(path)
     root = out or spec.out
     device = device if device not in (None, "auto") else spec.device
-    dtype = dtype or spec.dtype
+    entries = [replace(e, settings=replace(e.settings, dtype=dtype)) if dtype else e for e in spec.entries]
     written = []
     # Under a launch each process loads on its own device, and the main process fills the model cache first.
     procs = start_processes(device)
     for model in spec.models:
+        mine = [e for e in entries if e.model == model]
         with procs.main_first():
-            lm = load(model, device=procs.device or device, dtype=dtype)
-        shared = {"model": model, "lm": lm, "resume": resume, "force": force, "seed": spec.seed, "device": device,
-                  "dtype": dtype, "item_figures": spec.item_figures, "say": say, "progress": say is not None}
-        for entry in (e for e in spec.entries if e.model == model):
-            if registry.get(entry.experiment).engine:
-                shared["max_batch_tokens"] = spec.max_batch_tokens
-            else:
-                shared.pop("max_batch_tokens", None)
+            lm = load(model, device=procs.device or device, dtype=mine[0].settings.dtype)
+        for entry in mine:
             out_dir = root / _model_dir(model) / entry.label
-            written.append(run(entry.experiment, options=dict(entry.options), items=entry.items, out=out_dir, **shared))
+            written.append(run(entry.experiment, lm=lm, out=out_dir, resume=resume, force=force, device=device,
+                               options=dict(entry.options), settings=entry.settings, say=say,
+                               progress=say is not None))
     return written

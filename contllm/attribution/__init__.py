@@ -73,7 +73,7 @@ import numpy as np
 import torch
 
 from contllm.attribution import quadrature
-from contllm.attribution.path import CPU_GRAD_TOKENS, Path, differentiable_rotary, window_crossings
+from contllm.attribution.path import CPU_GRAD_TOKENS, DurationPath, differentiable_rotary, window_crossings
 from contllm.attribution.quadrature import MAX_STEPS, gauss_legendre_log
 from contllm.errors import SignalError
 from contllm.readout import TokenSets
@@ -313,7 +313,7 @@ def attribute(
             f"with the attributed tokens at duration {floor:g} x d, the read position {position} sees no token of "
             "positive duration: the baseline is undefined; leave an earlier token out of the set"
         )
-    path = Path(lm, signal, readout, active, position, max_batch_tokens)
+    path = DurationPath(lm, signal, readout, active, position, max_batch_tokens)
     # f at the ends and, for the deletion baseline, at the probes of the lowest tau: one batch without gradients.
     probes = PROBES if smallest is None else np.array([smallest])
     ends = path.values(np.concatenate([[1.0, float(floor)], probes if floor == 0 else []]))
@@ -368,7 +368,7 @@ def _lowest(probes: np.ndarray, values: np.ndarray, baseline: float, tolerance: 
     return float(probes[chosen]), float(values[chosen])
 
 
-def _adaptive(path: Path, steps: int, low: float) -> tuple[np.ndarray, int]:
+def _adaptive(path: DurationPath, steps: int, low: float) -> tuple[np.ndarray, int]:
     """Per-token integrals [active] by panels of :data:`PANEL_ORDER` Gauss-Legendre nodes in log tau.
 
     The range [log low, 0] starts as :data:`FIRST_PANELS` panels, narrower toward 0 (fewer
@@ -398,7 +398,7 @@ def _adaptive(path: Path, steps: int, low: float) -> tuple[np.ndarray, int]:
     return np.sum([panel[2] for panel in panels], axis=0), len(panels)
 
 
-def _placed(path: Path, steps: int, low: float, tolerance: float, noise: float) -> tuple[np.ndarray, int, dict[str, int]]:
+def _placed(path: DurationPath, steps: int, low: float, tolerance: float, noise: float) -> tuple[np.ndarray, int, dict[str, int]]:
     """Per-token integrals [active] on panels laid out from f alone, then checked against f (:func:`quadrature.integrate`)."""
     total, panels, counts = quadrature.integrate(path.values, path.gradients, math.log(low), steps, tolerance, noise,
                                                   budget=CURVE_FORWARDS)

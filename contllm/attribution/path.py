@@ -1,6 +1,6 @@
 """The duration path of an attribution: a signal whose attributed tokens last tau x d, with gradients.
 
-:class:`Path` evaluates a read-out along the path, batched over tau, with or without
+:class:`DurationPath` evaluates a read-out along the path, batched over tau, with or without
 gradients of the log-durations; the tokens before the first attributed one (and before the
 read position) run once without gradients and their keys are reused.
 :func:`differentiable_rotary` lets gradients reach float position ids through
@@ -90,7 +90,7 @@ def _gradient_mode(lm: Any) -> Iterator[None]:
         yield
 
 
-class Path:
+class DurationPath:
     """The signal with its attributed tokens at duration tau x d, batched over tau, with a cached prefix."""
 
     def __init__(self, lm: Any, signal: Signal, readout: Any, active: list[int], position: int,

@@ -24,7 +24,7 @@ import hashlib
 import io
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -243,6 +243,17 @@ def unique_ids(items: Sequence[T], path: str, id_of: Callable[[T], str] = lambda
     return list(items)
 
 
+def read_items(path: str | Path, build: Callable[[Row], T],
+               shape: Callable[[list[Row]], list[Row]] | None = None) -> list[T]:
+    """The items of a dataset file: ``build`` makes one item of each row; ids must be unique.
+
+    shape: reads another layout of the rows (the paper's, :mod:`contllm.data.paper`) into
+    this one first. Every problem is an ExperimentError naming the file, the row and the field.
+    """
+    rows = read_rows(path)
+    return unique_ids([build(row) for row in (shape(rows) if shape is not None else rows)], str(path))
+
+
 def data_option_help(schema: str) -> str:
     """The ``--data`` option's help text for an experiment whose rows look like ``schema``."""
     return f"Dataset file (.json, .jsonl or .csv) instead of the built-in items; rows: {schema}. [default: built-in]"
@@ -274,3 +285,21 @@ def read_data_file(path: str | Path, read: Callable[[str], Any]) -> tuple[str, s
     name = str(path)
     read(name)
     return name, file_sha256(name)
+
+
+@dataclass
+class DataFileOption:
+    """What a config that takes ``--data`` inherits: the file's path and the sha256 of its contents.
+
+    data: a dataset file (None: the experiment's built-in items). data_sha256: set by
+    :meth:`read_data` and kept in config.json, so that ``--resume`` refuses a file whose
+    contents changed since the run started.
+    """
+
+    data: str | None = None
+    data_sha256: str | None = field(default=None, init=False)
+
+    def read_data(self, read: Callable[[str], Any]) -> None:
+        """Read the --data file once with ``read`` (ExperimentError naming file, row and field) and record its sha256."""
+        if self.data is not None:
+            self.data, self.data_sha256 = read_data_file(self.data, read)

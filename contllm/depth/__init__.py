@@ -16,82 +16,60 @@ whether the stack behaves like a discretised flow. One module per concern:
   and ``contllm run depth`` (:data:`~contllm.depth.experiment.EXPERIMENT`).
 """
 
-from contllm.depth.experiment import (
-    DEFAULT_ALPHAS,
-    PROMPTS,
-    DepthConfig,
-    DepthPrompt,
-    probe_prompt,
-    probe_prompts,
-    run_depth,
-    seed_index,
-)
-from contllm.depth.figures import FIGURES, depth_figure, depth_figures
-from contllm.depth.measures import (
-    JacobianBounds,
-    finite_difference,
-    fractional_depth,
-    half_step_defects,
-    jacobian_bounds,
-    jvp,
-    kl_divergence,
-    layer_lipschitz,
-    propagate,
-    propagate_sizes,
-    sampled_lipschitz,
-    step_profile,
-)
-from contllm.depth.patches import (
-    ALPHA_RANGE,
-    check_alpha,
-    half_step,
-    half_steps,
-    injected,
-    recording,
-    replayed,
-    scaled_updates,
-)
-from contllm.depth.result import CSV_COLUMNS, QUANTILES, DepthResult, PromptDepth
-from contllm.depth.stack import LayerCall, LayerStack, Trace, layer_index
+from __future__ import annotations
 
-__all__ = [
-    "ALPHA_RANGE",
-    "CSV_COLUMNS",
-    "DEFAULT_ALPHAS",
-    "FIGURES",
-    "PROMPTS",
-    "QUANTILES",
-    "DepthConfig",
-    "DepthPrompt",
-    "DepthResult",
-    "JacobianBounds",
-    "LayerCall",
-    "LayerStack",
-    "PromptDepth",
-    "Trace",
-    "check_alpha",
-    "depth_figure",
-    "depth_figures",
-    "finite_difference",
-    "fractional_depth",
-    "half_step",
-    "half_step_defects",
-    "half_steps",
-    "injected",
-    "jacobian_bounds",
-    "jvp",
-    "kl_divergence",
-    "layer_index",
-    "layer_lipschitz",
-    "probe_prompt",
-    "probe_prompts",
-    "propagate",
-    "propagate_sizes",
-    "recording",
-    "replayed",
-    "run_depth",
-    "sampled_lipschitz",
-    "scaled_updates",
-    "seed_index",
-    "step_profile",
-]
+from contllm.exports import lazy_exports
+
+__getattr__, __all__ = lazy_exports(__name__, {
+    "contllm.depth.experiment": (
+        "DEFAULT_ALPHAS",
+        "PROMPTS",
+        "DepthConfig",
+        "DepthPrompt",
+        "probe_prompt",
+        "probe_prompts",
+        "run_depth",
+        "seed_index",
+    ),
+    "contllm.depth.figures": (
+        "FIGURES",
+        "depth_figure",
+        "depth_figures",
+    ),
+    "contllm.depth.measures": (
+        "JacobianBounds",
+        "finite_difference",
+        "fractional_depth",
+        "half_step_defects",
+        "jacobian_bounds",
+        "jvp",
+        "kl_divergence",
+        "layer_lipschitz",
+        "propagate",
+        "propagate_sizes",
+        "sampled_lipschitz",
+        "step_profile",
+    ),
+    "contllm.depth.patches": (
+        "ALPHA_RANGE",
+        "check_alpha",
+        "half_step",
+        "half_steps",
+        "injected",
+        "recording",
+        "replayed",
+        "scaled_updates",
+    ),
+    "contllm.depth.result": (
+        "CSV_COLUMNS",
+        "QUANTILES",
+        "DepthResult",
+        "PromptDepth",
+    ),
+    "contllm.depth.stack": (
+        "LayerCall",
+        "LayerStack",
+        "Trace",
+        "layer_index",
+    ),
+})

@@ -26,7 +26,7 @@ from contllm.depth.patches import check_alpha
 from contllm.depth.result import DepthResult, PromptDepth
 from contllm.depth.stack import LayerStack, layer_index
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Context, Experiment
+from contllm.experiments.base import Experiment, RunContext
 from contllm.experiments.options import Option, config_dict, parse_floats, parse_ints
 from contllm.families import decoder_layers
 
@@ -293,7 +293,7 @@ class DepthExperiment(Experiment):
         self.check_config(config).resolved_layers(len(decoder_layers(lm)))
 
     def run(
-        self, lm: Any, config: DepthConfig, items: Sequence[DepthPrompt], context: Context
+        self, lm: Any, config: DepthConfig, items: Sequence[DepthPrompt], context: RunContext
     ) -> Iterator[tuple[str, PromptDepth]]:
         config = self.check_config(config)
         # Seeded by each prompt's place among all items, so that the numbers of a prompt do

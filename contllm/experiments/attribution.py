@@ -23,17 +23,13 @@ import numpy as np
 from contllm import registry
 from contllm.attribution import DEFAULT_STEPS, MAX_STEPS, RULES, Readout, attribute, occlusion
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Context, Experiment, Table
+from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
 from contllm.experiments.options import Option
 
 #: The datasets whose items can be attributed (each is also an experiment).
 DATASETS = ("counting", "events")
 TOKEN_SETS = ("item", "all")
 READOUTS = ("count", "truth", "log-truth")
-
-#: The duration the span is marked with when the dataset's experiment builds the prompt.
-_MARK = 0.5
-
 
 @dataclass
 class AttributionConfig:
@@ -82,8 +78,8 @@ class AttributionConfig:
         self.dataset_config()
 
     def dataset_config(self) -> Any:
-        """The dataset experiment's config that marks the span (every span token at duration 0.5)."""
-        options: dict[str, Any] = {"template": self.template, "chat": self.chat, "low": _MARK, "high": _MARK, "samples": 1}
+        """The dataset experiment's config whose one-value sweep is the plain prompt (factor 1)."""
+        options: dict[str, Any] = {"template": self.template, "chat": self.chat, "low": 1.0, "high": 1.0, "samples": 1}
         if self.data is not None:
             options["data"] = self.data
         try:
@@ -179,31 +175,8 @@ class ItemAttribution:
 
 
 @dataclass
-class AttributionResult:
-    """Every item's attributions from one run, with the configuration that made it."""
-
-    experiment: str
-    model: str
-    config: dict[str, Any]
-    items: list[ItemAttribution]
-
-    def item(self, item_id: str) -> ItemAttribution:
-        for record in self.items:
-            if record.item_id == item_id:
-                return record
-        raise ExperimentError(f"no item {item_id!r} in this result")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.experiment, "model": self.model, "config": self.config,
-                "items": [r.to_dict() for r in self.items]}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AttributionResult:
-        try:
-            return cls(str(data["experiment"]), str(data["model"]), dict(data["config"]),
-                       [ItemAttribution.from_dict(r) for r in data["items"]])
-        except (KeyError, TypeError) as exc:
-            raise ExperimentError(f"malformed results file: missing {exc}") from None
+class AttributionResult(Records[ItemAttribution], record=ItemAttribution, key="items", one="item"):
+    """Every item's attributions from one run (``items``), with the configuration that made it."""
 
 
 TOKEN_COLUMNS = ["item", "index", "token", "in_span", "attribution", "occlusion", "shrink"]
@@ -264,6 +237,14 @@ class AttributionExperiment(Experiment):
     )
     engine = True
     shardable = True
+    result_type = AttributionResult
+    metrics = (
+        Metric("max_completeness_error", "lower",
+               "largest |sum of attributions - (f(prompt) - f(baseline))| relative to |f(prompt) - f(baseline)|"),
+        Metric("mean_completeness_error", "lower", "the same, mean over items"),
+        Metric("mean_precision_attribution", "higher",
+               "share of the k tokens of largest |attribution| inside the scaled span (k: its tokens), mean over items"),
+    )
 
     def items(self, config: AttributionConfig) -> Sequence[Any]:
         items = list(registry.get(config.dataset).items(config.dataset_config()))
@@ -274,11 +255,9 @@ class AttributionExperiment(Experiment):
         from contllm.readout import digits
 
         plan = registry.get(config.dataset).plan_item(lm, item, config.dataset_config())
-        marked = plan.signals[0]
-        span = [i for i, d in enumerate(marked.durations.tolist()) if d == _MARK]
+        signal, span = plan.signals[0], list(plan.edited)
         if not span:
             raise ExperimentError(f"item {item.id}: the prompt has no span to attribute")
-        signal = marked.scale_tokens(span, 1 / _MARK)
         n = len(signal)
         if config.tokens == "all":
             tokens = list(range(1, n))
@@ -292,16 +271,12 @@ class AttributionExperiment(Experiment):
             readout = Readout.label(sets, str(plan.truth), log=config.readout == "log-truth")
         return signal, span, tokens, readout, plan
 
-    def run(self, lm: Any, config: AttributionConfig, items: Sequence[Any], context: Context) -> Iterator[tuple[str, ItemAttribution]]:
-        evaluate = context.evaluate
-        if evaluate is None:
-            from contllm.engine import Engine
-
-            evaluate = Engine(lm).probs
+    def run(self, lm: Any, config: AttributionConfig, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, ItemAttribution]]:
         for item in items:
             signal, span, tokens, readout, plan = self.plan(lm, item, config)
-            found = attribute(lm, signal, readout, tokens, steps=config.steps, floor=config.floor, rule=config.rule)
-            _, changes = occlusion(lm, signal, readout, tokens, factors=(0.0, 0.5), evaluate=evaluate)
+            found = attribute(lm, signal, readout, tokens, steps=config.steps, floor=config.floor, rule=config.rule,
+                              max_batch_tokens=context.max_batch_tokens)
+            _, changes = occlusion(lm, signal, readout, tokens, factors=(0.0, 0.5), evaluate=context.evaluate)
             assert signal.text is not None and signal.offsets is not None
             yield item.id, ItemAttribution(
                 item_id=item.id, readout=readout.name, text=signal.text, offsets=list(signal.offsets), tokens=tokens,
@@ -309,15 +284,6 @@ class AttributionExperiment(Experiment):
                 full=found.full, baseline=found.baseline, start=found.start, steps=config.steps, floor=config.floor,
                 truth=plan.truth, meta={**plan.meta, "rule": found.meta["rule"], "panels": found.meta["panels"]},
             )
-
-    def decode(self, data: dict[str, Any]) -> ItemAttribution:
-        return ItemAttribution.from_dict(data)
-
-    def result(self, model: str, config: Any, records: Sequence[ItemAttribution]) -> AttributionResult:
-        return AttributionResult(self.name, model, self.config_dict(config), list(records))
-
-    def load_result(self, data: dict[str, Any]) -> AttributionResult:
-        return AttributionResult.from_dict(data)
 
     def tables(self, result: AttributionResult) -> dict[str, Table]:
         return {"results": (TOKEN_COLUMNS, token_rows(result)),

@@ -14,8 +14,8 @@ Data in, data out: :meth:`Experiment.run` and :meth:`Experiment.result` write no
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from contllm.errors import ExperimentError
 from contllm.experiments.options import Option, build_config, config_dict
@@ -35,21 +35,113 @@ class Result(Protocol):
 
 Table = tuple[Sequence[str], Iterable[Mapping[str, Any]]]
 
+R = TypeVar("R")
 
-@dataclass
-class Context:
-    """What the runner hands an experiment's :meth:`Experiment.run`.
 
-    evaluate: signals -> next-token distributions [S, vocab] through the batched engine
-        (set for experiments with ``engine = True``; None otherwise).
-    seed: the run's seed. say: one line of news for the user (stderr; nothing when quiet).
-    model_name: how the run names the model (alias, hub id or directory).
+@dataclass(frozen=True)
+class Metric:
+    """A headline number an experiment reports: its summary key, which direction is better, what it means.
+
+    direction: "higher" or "lower" (is better). meaning: one line, for reports and docs.
     """
 
-    evaluate: Callable[[list[Any]], Any] | None = None
+    name: str
+    direction: Literal["higher", "lower"]
+    meaning: str
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("higher", "lower"):
+            raise ExperimentError(f"metric {self.name}: direction must be 'higher' or 'lower', got {self.direction!r}")
+
+    def rank_key(self, value: float) -> float:
+        """A sort key that puts the better value first (ascending)."""
+        return -value if self.direction == "higher" else value
+
+    def to_dict(self) -> dict[str, str]:
+        return {"direction": f"{self.direction} is better", "meaning": self.meaning}
+
+
+@dataclass
+class Records(Generic[R]):
+    """A result that is every item's record of one run, in item order, with the config that made it.
+
+    A subclass names its record type (with ``to_dict``/``from_dict`` and an ``item_id``)
+    in its class line, and optionally the key of the records in results.json (also a
+    read-only name for ``records``) and a name for :meth:`record`::
+
+        class TrackResult(Records[Track], record=Track, key="tracks", one="track"): ...
+
+    It adds views of the records (rows, a common grid, ...) and may add JSON-able fields
+    after ``records`` (kept in results.json beside them).
+    """
+
+    experiment: str
+    model: str
+    config: dict[str, Any]
+    records: list[R]
+
+    record_type: ClassVar[type] = dict
+    key: ClassVar[str] = "records"
+
+    def __init_subclass__(cls, record: type | None = None, key: str = "records", one: str | None = None,
+                          **rest: Any) -> None:
+        super().__init_subclass__(**rest)
+        if record is not None:
+            cls.record_type = record
+        cls.key = key
+        if key != "records":
+            setattr(cls, key, property(lambda self: self.records, doc=f"The records (results.json's {key!r})."))
+        if one is not None:
+            setattr(cls, one, Records.record)
+
+    def record(self, item_id: str) -> R:
+        """The record of one item; ExperimentError when the result has none."""
+        for record in self.records:
+            if getattr(record, "item_id", None) == item_id:
+                return record
+        raise ExperimentError(f"no item {item_id!r} in this result")
+
+    def to_dict(self) -> dict[str, Any]:
+        """experiment, model, config, the fields a subclass adds and the records under ``key``, as JSON-able data."""
+        added = {name: getattr(self, name) for name in self.extra_fields()}
+        return {"experiment": self.experiment, "model": self.model, "config": self.config, **added,
+                self.key: [r.to_dict() for r in self.records]}  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        """The result from :meth:`to_dict`'s data; ExperimentError naming what is missing or malformed."""
+        try:
+            extra = {name: data[name] for name in cls.extra_fields() if name in data}
+            return cls(str(data["experiment"]), str(data["model"]), dict(data["config"]),
+                       [cls.record_type.from_dict(r) for r in data[cls.key]], **extra)  # type: ignore[attr-defined]
+        except (KeyError, TypeError) as exc:
+            raise ExperimentError(f"malformed results file: missing {exc}") from None
+
+    @classmethod
+    def extra_fields(cls) -> tuple[str, ...]:
+        """The names of the fields a subclass adds after ``records``."""
+        return tuple(f.name for f in fields(cls)[4:])
+
+
+@dataclass
+class RunContext:
+    """What the runner hands an experiment's :meth:`Experiment.run`.
+
+    evaluate: signals -> next-token distributions [S, vocab] through the run's batched
+        engine (always set by the runner, with the run's token budget).
+    seed: the run's seed. say: one line of news for the user (stderr; nothing when quiet).
+    model_name: how the run names the model (alias, hub id or directory).
+    max_batch_tokens: the run's token budget per forward (None: automatic), for
+        experiments that batch the model themselves (attribution's gradients).
+    group_bytes: the budget of one group of items (:meth:`Experiment.groups`).
+    """
+
+    evaluate: Callable[[list[Any]], Any]
     seed: int = 0
     say: Callable[[str], None] = field(default=lambda message: None)
     model_name: str = "model"
+    max_batch_tokens: int | None = None
+    group_bytes: int = 0
 
 
 class Experiment:
@@ -67,7 +159,9 @@ class Experiment:
         shardable: True when items are independent, so that the processes of an
             ``accelerate launch`` can share them.
         unit: what one record is called in messages ("item", "prompt", "point").
-        x_label: the knob of its sweeps, for tables and axes.
+        metrics: the :class:`Metric` of each headline number :meth:`summary` reports.
+        result_type: the :class:`Records` subclass of its result; with it, :meth:`decode`,
+            :meth:`result` and :meth:`load_result` need no code of their own.
     """
 
     name: ClassVar[str] = ""
@@ -78,6 +172,8 @@ class Experiment:
     engine: ClassVar[bool] = False
     shardable: ClassVar[bool] = False
     unit: ClassVar[str] = "item"
+    result_type: ClassVar[type[Records[Any]] | None] = None
+    metrics: ClassVar[tuple[Metric, ...]] = ()
 
     # ------------------------------------------------------------------ configuration
     def config(self, given: Mapping[str, Any] | None = None) -> Any:
@@ -102,10 +198,10 @@ class Experiment:
     def check(self, lm: Any, config: Any) -> None:
         """Checks that need the loaded model (layer numbers, ...); raise ExperimentError. Nothing is written yet."""
 
-    def groups(self, lm: Any, config: Any, items: Sequence[Item]) -> list[list[Item]] | None:
+    def groups(self, lm: Any, config: Any, items: Sequence[Item], context: RunContext) -> list[list[Item]] | None:
         """The items that :meth:`run` computes together, in order; None when every record is independent of the others.
 
-        An experiment that batches several items into one computation (sharing a prompt
+        ``context.group_bytes`` is the run's budget for one group. An experiment that batches several items into one computation (sharing a prompt
         prefix across them) returns the batches here, fixed by ``items`` (every item the
         run selected, finished or not). The runner then always hands :meth:`run` a whole
         group, also when some of its records exist already (a resumed run) and drops those
@@ -115,7 +211,7 @@ class Experiment:
         """
         return None
 
-    def run(self, lm: Any, config: Any, items: Sequence[Item], context: Context) -> Iterator[tuple[str, Any]]:
+    def run(self, lm: Any, config: Any, items: Sequence[Item], context: RunContext) -> Iterator[tuple[str, Any]]:
         """Compute ``items`` on ``lm``: yields (item id, record) for each item, in order."""
         raise NotImplementedError
 
@@ -125,16 +221,21 @@ class Experiment:
 
     def decode(self, data: dict[str, Any]) -> Any:
         """A record from :meth:`encode`'s data; raise ExperimentError (or ValueError) when malformed."""
-        raise NotImplementedError
+        return self._result_type().record_type.from_dict(data)
 
     # ------------------------------------------------------------------ results
     def result(self, model: str, config: Any, records: Sequence[Any]) -> Result:
         """The whole result from every item's record (in item order)."""
-        raise NotImplementedError
+        return self._result_type()(self.name, model, self.config_dict(config), list(records))
 
     def load_result(self, data: dict[str, Any]) -> Result:
         """A result from its ``to_dict()`` data (results.json)."""
-        raise NotImplementedError
+        return self._result_type().from_dict(data)
+
+    def _result_type(self) -> type[Records[Any]]:
+        if self.result_type is None:
+            raise NotImplementedError(f"{type(self).__name__} declares no result_type; override decode, result and load_result")
+        return self.result_type
 
     def tables(self, result: Any) -> dict[str, Table]:
         """CSV tables to write beside results.json: file stem -> (columns, rows)."""

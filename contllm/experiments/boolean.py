@@ -17,8 +17,10 @@ import numpy as np
 from contllm import metrics
 from contllm.data import BooleanTable, load_boolean
 from contllm.errors import ExperimentError
-from contllm.experiments.options import Option
-from contllm.experiments.sweeps import ExperimentResult, Plan, Sweep, SweepExperiment, sweep_options, sweep_values
+from contllm.experiments.options import METHOD, Option
+from contllm.experiments.base import Metric
+from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepExperiment, SweepPlan, check_alpha_sweep
+from contllm.experiments.sweeps import sweep_options, sweep_values
 from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
 from contllm.interpolate import interpolate_spans
 from contllm.lm import ContinuousLM
@@ -59,11 +61,7 @@ class BooleanConfig:
     chat: bool = False
 
     def __post_init__(self) -> None:
-        if not (0.0 <= self.low <= self.high <= 1.0):
-            raise ExperimentError(f"alpha range must lie within 0,1 with min <= max, got {self.low},{self.high}")
-        sweep_values(self.low, self.high, self.samples, include=None)
-        if self.method not in ("linear", "slerp"):
-            raise ExperimentError(f"method must be 'linear' or 'slerp', got {self.method!r}")
+        check_alpha_sweep(self.low, self.high, self.samples, self.method)
         check_template(self.resolved_template(), ("a", "op", "b"), required=("op",))
         if self.operators is not None:
             self.operators = tuple(self.operators)
@@ -98,7 +96,7 @@ def _render(lm: ContinuousLM, config: BooleanConfig, word: str, a: int, b: int) 
     return rendered
 
 
-def plan_item(lm: ContinuousLM, item: BooleanItem, config: BooleanConfig) -> Plan:
+def plan_item(lm: ContinuousLM, item: BooleanItem, config: BooleanConfig) -> SweepPlan:
     """The sweep of one item: the operator's span interpolated over alpha."""
     table = load_boolean()
     embedding = lm.model.get_input_embeddings()
@@ -121,11 +119,17 @@ def plan_item(lm: ContinuousLM, item: BooleanItem, config: BooleanConfig) -> Pla
         "tokens_first": len(sa),
         "tokens_second": len(sb),
     }
-    return Plan(item.id, alphas, signals, truth_values(lm.tokenizer), truth=None, meta=meta)
+    return SweepPlan(item.id, alphas, signals, truth_values(lm.tokenizer), truth=None, meta=meta)
 
 
 class BooleanExperiment(SweepExperiment):
     name = "boolean"
+    metrics = (
+        Metric("accuracy_at_alpha_0", "higher", "truth-table accuracy (P(1) vs P(0)) of the first operator, at alpha 0"),
+        Metric("accuracy_at_alpha_1", "higher", "truth-table accuracy of the second operator, at alpha 1"),
+        Metric("mean_total_variation_p1", "lower", "total variation of P(1) over the alpha sweep, mean over items"),
+        Metric("mean_max_jump_p1", "lower", "largest change of P(1) between neighbouring alphas, mean over items"),
+    )
     help = "A Boolean operator interpolated into another in embedding space; 0/1 and false/true read out."
     description = (
         'The operator of "What is the truth value of 1 AND 0?" is interpolated into another operator '
@@ -136,14 +140,14 @@ class BooleanExperiment(SweepExperiment):
     options = (
         *sweep_options("alpha (within 0,1)", "0,1", 21),
         Option("operators", "words", "Comma-separated operators to pair, e.g. AND,XOR. [default: all]"),
-        Option("method", "str", "linear or slerp interpolation. [default: linear]"),
+        METHOD,
     )
     x_label = "alpha"
 
     def items(self, config: BooleanConfig) -> Sequence[BooleanItem]:
         return boolean_items(config)
 
-    def plan_item(self, lm: Any, item: BooleanItem, config: BooleanConfig) -> Plan:
+    def plan_item(self, lm: Any, item: BooleanItem, config: BooleanConfig) -> SweepPlan:
         return plan_item(lm, item, config)
 
     def describe(self, sweep: Sweep) -> str:

@@ -8,22 +8,21 @@ numbers ("four 0.75-apples are about three apples").
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from contllm.data import CountingItem, load_counting
 from contllm.data.paper import COUNTING_FIELDS, counting_rows
-from contllm.data.user import data_option_help, read_data_file, read_rows, unique_ids
+from contllm.data.user import DataFileOption, Row, data_option_help, read_items
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, Plan, Sweep, scaled_plan, sweep_options
+from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, SweepPlan, Sweep, scaled_plan, sweep_options
 from contllm.lm import ContinuousLM
 
 #: Few-shot completions: fifteen short words, each repeated 2 to 6 times (every count three
 #: times, in a shuffled order), then the item. Small models do not count with a zero-shot
-#: question (DESIGN.md section 3); with this format SmolLM2-135M's argmax count tracks the
-#: length of the repetition (see the README for the measured figures).
+#: question; how their counts track the repetition with this format is measured in the README.
 SHOTS = (
     ("cat", 4), ("dog", 3), ("sun", 3), ("box", 5), ("pen", 6), ("cup", 3), ("hat", 5), ("key", 5),
     ("map", 2), ("bag", 6), ("car", 4), ("egg", 6), ("fan", 2), ("jar", 4), ("log", 2),
@@ -50,24 +49,21 @@ DATA_SCHEMA = (
 
 
 def read_counting(path: str | Path) -> list[CountingItem]:
-    """The counting items of a dataset file (the project's rows or the paper's; see :mod:`contllm.data.paper`).
+    """The counting items of a dataset file (:data:`DATA_SCHEMA`); ExperimentError naming file, row and field."""
+    return read_items(path, _counting_item, counting_rows)
 
-    Every problem is an ExperimentError naming the file, the row and the field.
-    """
-    items = []
-    for row in counting_rows(read_rows(path)):
-        word = row.get("word")
-        n = row.get("n", int, check=lambda v: None if 1 <= v <= 9 else f"must be from 1 to 9 (a digit is read out), got {v}")
-        article = row.get("article", str, default=f"{'an' if word[0].lower() in 'aeiou' else 'a'} {word}")
-        items.append(CountingItem(
-            id=row.get("id", str, default=f"count-{row.number:03d}"), word=word, article=article,
-            category=row.get("category", str, default="things"), n=n, multi_token=False,
-        ))
-    return unique_ids(items, str(path))
+
+def _counting_item(row: Row) -> CountingItem:
+    word = row.get("word")
+    n = row.get("n", int, check=lambda v: None if 1 <= v <= 9 else f"must be from 1 to 9 (a digit is read out), got {v}")
+    article = row.get("article", str, default=f"{'an' if word[0].lower() in 'aeiou' else 'a'} {word}")
+    return CountingItem(id=row.get("id", str, default=f"count-{row.number:03d}"), word=word, article=article,
+                        category=row.get("category", str, default="things"), n=n, multi_token=False)
 
 
 @dataclass
-class CountingConfig(DurationSweepConfig):
+class CountingConfig(DurationSweepConfig, DataFileOption,
+                     prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("words",))):
     """Options of the counting experiment.
 
     template: prompt with a {words} field (the repeated word) and optionally {word},
@@ -78,18 +74,9 @@ class CountingConfig(DurationSweepConfig):
         contents' sha256 is kept in data_sha256, so that a resumed run refuses a changed file.
     """
 
-    DEFAULT_TEMPLATE: ClassVar[str] = DEFAULT_TEMPLATE
-    CHAT_TEMPLATE: ClassVar[str] = CHAT_TEMPLATE
-    FIELDS: ClassVar[tuple[str, ...]] = FIELDS
-    REQUIRED: ClassVar[tuple[str, ...]] = ("words",)
-
-    data: str | None = None
-    data_sha256: str | None = field(default=None, init=False)
-
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.data is not None:
-            self.data, self.data_sha256 = read_data_file(self.data, read_counting)
+        self.read_data(read_counting)
 
     def counting_items(self) -> list[CountingItem]:
         """The items of the --data file, or the built-in dataset."""
@@ -110,7 +97,7 @@ def render_item(lm: ContinuousLM, item: CountingItem, config: CountingConfig) ->
     return rendered
 
 
-def plan_item(lm: ContinuousLM, item: CountingItem, config: CountingConfig) -> Plan:
+def plan_item(lm: ContinuousLM, item: CountingItem, config: CountingConfig) -> SweepPlan:
     """The sweep of one counting item: the word's occurrences scaled by each factor."""
     rendered = render_item(lm, item, config)
     meta = {"word": item.word, "n": item.n, "category": item.category}
@@ -134,7 +121,7 @@ class CountingExperiment(CountingSweepExperiment):
     def items(self, config: CountingConfig) -> Sequence[CountingItem]:
         return config.counting_items()
 
-    def plan_item(self, lm: Any, item: CountingItem, config: CountingConfig) -> Plan:
+    def plan_item(self, lm: Any, item: CountingItem, config: CountingConfig) -> SweepPlan:
         return plan_item(lm, item, config)
 
     def describe(self, sweep: Sweep) -> str:

@@ -14,17 +14,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from contllm import metrics
 from contllm.data import CountingItem, load_counting
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Context, Experiment, Table
+from contllm.experiments.base import Experiment, Records, RunContext, Table
 from contllm.experiments.counting import CountingConfig, render_item
 from contllm.experiments.options import Option
-from contllm.experiments.sweeps import Plan, run_plan, sweep_options, sweep_values
+from contllm.experiments.sweeps import SweepPlan, run_plan, sweep_options, sweep_values
 from contllm.signal import Signal
 
 #: Digits are read out, so no grid may ask for more than nine copies.
@@ -198,20 +198,8 @@ MEASURES = ("slope", "r2", "spearman_product", "spearman_copies", "mae_product",
 
 
 @dataclass
-class EquivalenceResult:
-    """Every word's grid from one run, with the configuration that made it."""
-
-    experiment: str
-    model: str
-    config: dict[str, Any]
-    grids: list[Grid]
-
-    def grid(self, item_id: str) -> Grid:
-        """The grid of one item; ExperimentError when the result has none."""
-        for g in self.grids:
-            if g.item_id == item_id:
-                return g
-        raise ExperimentError(f"no item {item_id!r} in this result")
+class EquivalenceResult(Records[Grid], record=Grid, key="grids", one="grid"):
+    """Every word's grid from one run (``grids``), with the configuration that made it."""
 
     def common(self) -> list[Grid]:
         """The grids on the most common (copies, durations) grid (a run uses one)."""
@@ -232,18 +220,6 @@ class EquivalenceResult:
                         yield {"item": g.item_id, "word": g.meta.get("word", ""), "copies": int(m), "duration": float(d),
                                "copies_x_duration": float(m * d), "label": label, "probability": float(g.probs[i, j, k])}
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.experiment, "model": self.model, "config": self.config,
-                "grids": [g.to_dict() for g in self.grids]}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EquivalenceResult:
-        try:
-            return cls(str(data["experiment"]), str(data["model"]), dict(data["config"]),
-                       [Grid.from_dict(g) for g in data["grids"]])
-        except (KeyError, TypeError) as exc:
-            raise ExperimentError(f"malformed results file: missing {exc}") from None
-
 
 ROW_COLUMNS = ["item", "word", "copies", "duration", "copies_x_duration", "label", "probability"]
 
@@ -259,7 +235,7 @@ def select_words(items: Sequence[CountingItem], per_category: int) -> list[Count
     return chosen
 
 
-def plan_grid(lm: Any, item: CountingItem, config: EquivalenceConfig) -> tuple[Plan, np.ndarray, np.ndarray]:
+def plan_grid(lm: Any, item: CountingItem, config: EquivalenceConfig) -> tuple[SweepPlan, np.ndarray, np.ndarray]:
     """The signals of one word's grid, row-major over (m, d), and the copies and durations."""
     from contllm.readout import digits
 
@@ -271,7 +247,7 @@ def plan_grid(lm: Any, item: CountingItem, config: EquivalenceConfig) -> tuple[P
         signals += [base.scale(rendered.spans["words"], float(d)) for d in durations]
     product = np.outer(copies, durations).ravel()
     meta = {"word": item.word, "category": item.category}
-    return Plan(item.id, product, signals, digits(lm.tokenizer), meta=meta), copies, durations
+    return SweepPlan(item.id, product, signals, digits(lm.tokenizer), meta=meta), copies, durations
 
 
 def run_grid(lm: Any, item: CountingItem, config: EquivalenceConfig, evaluate: Any) -> Grid:
@@ -300,28 +276,15 @@ class EquivalenceExperiment(Experiment):
     engine = True
     shardable = True
     unit = "word"
+    result_type = EquivalenceResult
 
     def items(self, config: EquivalenceConfig) -> Sequence[CountingItem]:
         return select_words(load_counting(), config.per_category)
 
     def run(self, lm: Any, config: EquivalenceConfig, items: Sequence[CountingItem],
-            context: Context) -> Iterator[tuple[str, Grid]]:
-        evaluate = context.evaluate
-        if evaluate is None:
-            from contllm.engine import Engine
-
-            evaluate = Engine(lm).probs
+            context: RunContext) -> Iterator[tuple[str, Grid]]:
         for item in items:
-            yield item.id, run_grid(lm, item, config, evaluate)
-
-    def decode(self, data: dict[str, Any]) -> Grid:
-        return Grid.from_dict(data)
-
-    def result(self, model: str, config: Any, records: Sequence[Grid]) -> EquivalenceResult:
-        return EquivalenceResult(self.name, model, self.config_dict(config), list(records))
-
-    def load_result(self, data: dict[str, Any]) -> EquivalenceResult:
-        return EquivalenceResult.from_dict(data)
+            yield item.id, run_grid(lm, item, config, context.evaluate)
 
     def tables(self, result: EquivalenceResult) -> dict[str, Table]:
         per_item = [{"item": g.item_id, "word": g.meta.get("word", ""), **measures(g)} for g in result.grids]

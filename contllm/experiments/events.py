@@ -7,17 +7,17 @@ action"); the digits 0-9 after the answer prefix are read out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from contllm.data import EventItem, load_events
 from contllm.data.paper import EVENTS_FIELDS, events_rows
-from contllm.data.user import data_option_help, read_data_file, read_rows, unique_ids
+from contllm.data.user import DataFileOption, Row, data_option_help, read_items
 from contllm.errors import ExperimentError
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, Plan, Sweep, scaled_plan, sweep_options
+from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, SweepPlan, Sweep, scaled_plan, sweep_options
 from contllm.lm import ContinuousLM
 
 #: Worked examples (two stories, two tutorials; 2, 5, 3 and 6 events) in the item's own
@@ -63,27 +63,24 @@ DATA_SCHEMA = (
 
 
 def read_events(path: str | Path) -> list[EventItem]:
-    """The event passages of a dataset file (the project's rows or the paper's; see :mod:`contllm.data.paper`).
+    """The event passages of a dataset file (:data:`DATA_SCHEMA`); ExperimentError naming file, row and field."""
+    return read_items(path, _event_item, events_rows)
 
-    Every problem is an ExperimentError naming the file, the row and the field.
-    """
-    items = []
-    for row in events_rows(read_rows(path)):
-        events = row.strings("events")
-        if len(events) > 9:
-            raise row.error(f"holds {len(events)} events; at most 9 (a digit is read out)", "events")
-        n = row.get("n", int, default=len(events))
-        if n != len(events):
-            raise row.error(f"is {n} but the row lists {len(events)} events", "n")
-        items.append(EventItem(
-            id=row.get("id", str, default=f"passage-{row.number:03d}"), kind=row.get("kind", str, default="passage"),
-            events=tuple(events), question=row.get("question"), answer_prefix=row.get("answer_prefix"), n=n,
-        ))
-    return unique_ids(items, str(path))
+
+def _event_item(row: Row) -> EventItem:
+    events = row.strings("events")
+    if len(events) > 9:
+        raise row.error(f"holds {len(events)} events; at most 9 (a digit is read out)", "events")
+    n = row.get("n", int, default=len(events))
+    if n != len(events):
+        raise row.error(f"is {n} but the row lists {len(events)} events", "n")
+    return EventItem(id=row.get("id", str, default=f"passage-{row.number:03d}"), kind=row.get("kind", str, default="passage"),
+                     events=tuple(events), question=row.get("question"), answer_prefix=row.get("answer_prefix"), n=n)
 
 
 @dataclass
-class EventsConfig(DurationSweepConfig):
+class EventsConfig(DurationSweepConfig, DataFileOption,
+                   prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("events",))):
     """Options of the event-duration experiment.
 
     template: prompt with an {events} field (the passage, one span per event) and
@@ -94,21 +91,13 @@ class EventsConfig(DurationSweepConfig):
         contents' sha256 is kept in data_sha256, so that a resumed run refuses a changed file.
     """
 
-    DEFAULT_TEMPLATE: ClassVar[str] = DEFAULT_TEMPLATE
-    CHAT_TEMPLATE: ClassVar[str] = CHAT_TEMPLATE
-    FIELDS: ClassVar[tuple[str, ...]] = FIELDS
-    REQUIRED: ClassVar[tuple[str, ...]] = ("events",)
-
     event: int = 0
-    data: str | None = None
-    data_sha256: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.event < 0:
             raise ExperimentError(f"event must be 0 (all events) or a 1-based event number, got {self.event}")
         super().__post_init__()
-        if self.data is not None:
-            self.data, self.data_sha256 = read_data_file(self.data, read_events)
+        self.read_data(read_events)
 
 
 def render_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> Rendered:
@@ -119,7 +108,7 @@ def render_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> Rend
     return rendered
 
 
-def plan_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> Plan:
+def plan_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> SweepPlan:
     """The sweep of one passage: all events, or the chosen one, scaled by each factor."""
     rendered = render_item(lm, item, config)
     spans = rendered.spans["events"]
@@ -152,7 +141,7 @@ class EventsExperiment(CountingSweepExperiment):
             raise ExperimentError(f"event {config.event} does not exist; the passages have at most {longest} events")
         return [item for item in items if item.n >= config.event]
 
-    def plan_item(self, lm: Any, item: EventItem, config: EventsConfig) -> Plan:
+    def plan_item(self, lm: Any, item: EventItem, config: EventsConfig) -> SweepPlan:
         return plan_item(lm, item, config)
 
     def describe(self, sweep: Sweep) -> str:

@@ -29,10 +29,10 @@ import torch
 
 from contllm.errors import ExperimentError, SignalError
 from contllm.experiments import boolean as boolean_exp
-from contllm.experiments import interpolation as word_exp
-from contllm.experiments.base import Context, Experiment, Table
-from contllm.experiments.options import Option
-from contllm.experiments.sweeps import MAX_SAMPLES
+from contllm.experiments import word_interpolation as word_exp
+from contllm.experiments.base import Experiment, Records, RunContext, Table
+from contllm.experiments.options import METHOD, Option
+from contllm.experiments.sweeps import MAX_SAMPLES, check_method
 from contllm.interpolate import interpolate_spans, mix
 from contllm.signal import Signal
 
@@ -92,8 +92,7 @@ class LinearityConfig:
     def __post_init__(self) -> None:
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or not 3 <= self.samples <= MAX_SAMPLES:
             raise ExperimentError(f"--samples must be an integer from 3 to {MAX_SAMPLES} (both ends and an inside), got {self.samples!r}")
-        if self.method not in ("linear", "slerp"):
-            raise ExperimentError(f"method must be 'linear' or 'slerp', got {self.method!r}")
+        check_method(self.method)
         if isinstance(self.per_source, bool) or not isinstance(self.per_source, int) or self.per_source < 0:
             raise ExperimentError(f"--per-source must be an integer >= 0 (0: every item), got {self.per_source!r}")
         if isinstance(self.top, bool) or not isinstance(self.top, int) or not 1 <= self.top <= 100:
@@ -145,7 +144,7 @@ def linearity_items(config: LinearityConfig) -> list[LinearityItem]:
 
 
 @dataclass
-class Path:
+class ReadoutPath:
     """One item's read-out along the real path and the baseline path: probabilities [S, K] of the labels."""
 
     item_id: str
@@ -168,7 +167,7 @@ class Path:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Path:
+    def from_dict(cls, data: dict[str, Any]) -> ReadoutPath:
         try:
             path = cls(str(data["item_id"]), str(data["source"]), np.asarray(data["alphas"], dtype=np.float64),
                        [str(v) for v in data["labels"]], np.asarray(data["real"], dtype=np.float64),
@@ -215,7 +214,7 @@ def chord_measures(x: np.ndarray, p: np.ndarray) -> dict[str, float]:
     }
 
 
-def measures(path: Path) -> dict[str, float]:
+def measures(path: ReadoutPath) -> dict[str, float]:
     """:func:`chord_measures` of the real path and, suffixed ``_baseline``, of the baseline path."""
     real = chord_measures(path.alphas, path.real)
     base = chord_measures(path.alphas, path.baseline)
@@ -262,7 +261,7 @@ def real_path(lm: Any, item: LinearityItem, config: LinearityConfig) -> tuple[li
     return plan.signals, plan.token_sets, dict(plan.meta)
 
 
-def run_path(lm: Any, item: LinearityItem, config: LinearityConfig, evaluate: Any, seed: int) -> Path:
+def run_path(lm: Any, item: LinearityItem, config: LinearityConfig, evaluate: Any, seed: int) -> ReadoutPath:
     """Both paths of one item in one call of ``evaluate`` (signals -> distributions [N, vocab])."""
     alphas = config.alphas()
     real, sets, meta = real_path(lm, item, config)
@@ -283,23 +282,12 @@ def run_path(lm: Any, item: LinearityItem, config: LinearityConfig, evaluate: An
         raise ExperimentError(f"item {item.id}: the model produced non-finite probabilities")
     meta.update({"method": config.method, "direction_norm": norm, "baseline_seed": baseline_seed(seed, item.place)})
     n = len(real)
-    return Path(item.id, item.source, alphas, labels, values[:n], values[n:], meta)
+    return ReadoutPath(item.id, item.source, alphas, labels, values[:n], values[n:], meta)
 
 
 @dataclass
-class LinearityResult:
-    """Every item's paths from one run, with the configuration that made it."""
-
-    experiment: str
-    model: str
-    config: dict[str, Any]
-    paths: list[Path]
-
-    def path(self, item_id: str) -> Path:
-        for p in self.paths:
-            if p.item_id == item_id:
-                return p
-        raise ExperimentError(f"no item {item_id!r} in this result")
+class LinearityResult(Records[ReadoutPath], record=ReadoutPath, key="paths", one="path"):
+    """Every item's paths from one run (``paths``), with the configuration that made it."""
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Tidy rows: one per item, path, alpha and label."""
@@ -310,20 +298,8 @@ class LinearityResult:
                         yield {"item": p.item_id, "source": p.source, "path": kind, "alpha": float(a), "label": label,
                                "probability": float(values[k, j])}
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.experiment, "model": self.model, "config": self.config,
-                "paths": [p.to_dict() for p in self.paths]}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LinearityResult:
-        try:
-            return cls(str(data["experiment"]), str(data["model"]), dict(data["config"]),
-                       [Path.from_dict(p) for p in data["paths"]])
-        except (KeyError, TypeError) as exc:
-            raise ExperimentError(f"malformed results file: missing {exc}") from None
-
-
-def summarize_paths(paths: Sequence[Path]) -> dict[str, Any]:
+def summarize_paths(paths: Sequence[ReadoutPath]) -> dict[str, Any]:
     """Each measure's mean over items, real and baseline, for all items and per source (``<source>_mean_<measure>``)."""
     out: dict[str, Any] = {}
     per_item = [(p.source, measures(p)) for p in paths]
@@ -352,7 +328,7 @@ class LinearityExperiment(Experiment):
     Config = LinearityConfig
     options = (
         Option("samples", "int", "Values of alpha over 0..1 (at least 3). [default: 11]"),
-        Option("method", "str", "linear or slerp interpolation. [default: linear]"),
+        METHOD,
         Option("per_source", "int", "Items from each source, spread over it; 0 takes all. [default: 6]"),
         Option("sources", "words", "Comma-separated sources among interpolation,boolean,prompt. [default: all]"),
         Option("top", "int", "Top tokens read at each end of a whole-prompt path. [default: 5]"),
@@ -360,6 +336,7 @@ class LinearityExperiment(Experiment):
     engine = True
     shardable = True
     unit = "path"
+    result_type = LinearityResult
 
     def items(self, config: LinearityConfig) -> Sequence[LinearityItem]:
         return linearity_items(config)
@@ -371,23 +348,9 @@ class LinearityExperiment(Experiment):
                 word_exp.check_item(lm, item.ref, word_config)
 
     def run(self, lm: Any, config: LinearityConfig, items: Sequence[LinearityItem],
-            context: Context) -> Iterator[tuple[str, Path]]:
-        evaluate = context.evaluate
-        if evaluate is None:
-            from contllm.engine import Engine
-
-            evaluate = Engine(lm).probs
+            context: RunContext) -> Iterator[tuple[str, ReadoutPath]]:
         for item in items:
-            yield item.id, run_path(lm, item, config, evaluate, context.seed)
-
-    def decode(self, data: dict[str, Any]) -> Path:
-        return Path.from_dict(data)
-
-    def result(self, model: str, config: Any, records: Sequence[Path]) -> LinearityResult:
-        return LinearityResult(self.name, model, self.config_dict(config), list(records))
-
-    def load_result(self, data: dict[str, Any]) -> LinearityResult:
-        return LinearityResult.from_dict(data)
+            yield item.id, run_path(lm, item, config, context.evaluate, context.seed)
 
     def tables(self, result: LinearityResult) -> dict[str, Table]:
         per_item = [{"item": p.item_id, "source": p.source, **measures(p)} for p in result.paths]
@@ -419,7 +382,7 @@ class LinearityExperiment(Experiment):
 # ------------------------------------------------------------------------------ figures
 
 
-def item_figure(result: LinearityResult, path: Path) -> Any:
+def item_figure(result: LinearityResult, path: ReadoutPath) -> Any:
     """One item: each label's probability and centred logit along the real path (solid), its chord (dotted) and the baseline (dashed)."""
     from contllm.plotting import plt
 
@@ -467,7 +430,7 @@ def _bars(ax: Any, groups: list[str], runs: Sequence[tuple[str, dict[str, Any]]]
     ax.legend(fontsize=7)
 
 
-def _profiles(ax: Any, paths: Sequence[Path]) -> None:
+def _profiles(ax: Any, paths: Sequence[ReadoutPath]) -> None:
     """Mean max-over-labels |p - chord| against alpha, per source: real solid, baseline dashed."""
     from contllm.plotting import plt
 

@@ -49,6 +49,10 @@ class Option:
         return {self.name: read_value(value, self.kind, where)}
 
 
+#: The interpolation method, as every experiment that interpolates takes it.
+METHOD = Option("method", "str", "linear or slerp interpolation. [default: linear]")
+
+
 def read_value(value: Any, kind: Kind, where: str) -> Any:
     """``value`` read as ``kind``; ExperimentError naming ``where`` when it is not one."""
     if kind in ("ints", "floats", "words"):

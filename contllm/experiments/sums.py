@@ -21,16 +21,16 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 
 from contllm import metrics
 from contllm.data.paper import SUMS_FIELDS, sums_rows
-from contllm.data.user import data_option_help, read_data_file, read_rows, unique_ids
+from contllm.data.user import DataFileOption, Row, data_option_help, read_items
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Context, Experiment, Table
+from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
 from contllm.experiments.sweeps import DurationSweepConfig, sweep_options, sweep_values
@@ -93,30 +93,28 @@ class SumItem:
 
 
 def read_sums(path: str | Path) -> list[SumItem]:
-    """The problems of a dataset file (the project's rows or the paper's; see :mod:`contllm.data.paper`).
+    """The problems of a dataset file (:data:`DATA_SCHEMA`); ExperimentError naming file, row and field."""
+    return read_items(path, _sum_item, sums_rows)
 
-    Every problem is an ExperimentError naming the file, the row and the field.
-    """
+
+def _sum_item(row: Row) -> SumItem:
     def number(value: int) -> str | None:
         return None if 0 <= value <= MOST else f"must be a whole number from 0 to {MOST}, got {value}"
 
-    items = []
-    for row in sums_rows(read_rows(path)):
-        item = SumItem(
-            id=row.get("id", str, default=f"sum-{row.number:03d}"), problem=row.get("problem"),
-            first=row.get("first", int, check=number), second=row.get("second", int, check=number),
-            name=row.get("name", str, default=""),
-            scaled=row.get("scaled", str, default="first",
-                           check=lambda v: None if v in ("first", "second") else f"must be 'first' or 'second', got {v!r}"),
-        )
-        try:
-            item.rendered()
-        except ExperimentError as err:
-            raise row.error(str(err), "problem") from None
-        if "{name}" in item.problem and not item.name:
-            raise row.error("the problem has a {name} field but the row gives no name", "name")
-        items.append(item)
-    return unique_ids(items, str(path))
+    item = SumItem(
+        id=row.get("id", str, default=f"sum-{row.number:03d}"), problem=row.get("problem"),
+        first=row.get("first", int, check=number), second=row.get("second", int, check=number),
+        name=row.get("name", str, default=""),
+        scaled=row.get("scaled", str, default="first",
+                       check=lambda v: None if v in ("first", "second") else f"must be 'first' or 'second', got {v!r}"),
+    )
+    try:
+        item.rendered()
+    except ExperimentError as err:
+        raise row.error(str(err), "problem") from None
+    if "{name}" in item.problem and not item.name:
+        raise row.error("the problem has a {name} field but the row gives no name", "name")
+    return item
 
 
 def load_sums() -> list[SumItem]:
@@ -127,7 +125,8 @@ def load_sums() -> list[SumItem]:
 
 
 @dataclass
-class SumsConfig(DurationSweepConfig):
+class SumsConfig(DurationSweepConfig, DataFileOption,
+                 prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("problem",))):
     """Options of the sums experiment.
 
     template: the prompt, with a {problem} field and optionally {first} and {second}
@@ -138,21 +137,13 @@ class SumsConfig(DurationSweepConfig):
         contents' sha256 is kept in data_sha256, so that a resumed run refuses a changed file.
     """
 
-    DEFAULT_TEMPLATE: ClassVar[str] = DEFAULT_TEMPLATE
-    CHAT_TEMPLATE: ClassVar[str] = CHAT_TEMPLATE
-    FIELDS: ClassVar[tuple[str, ...]] = FIELDS
-    REQUIRED: ClassVar[tuple[str, ...]] = ("problem",)
-
     low: float = 0.1
     high: float = 1.5
     samples: int = 8
-    data: str | None = None
-    data_sha256: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.data is not None:
-            self.data, self.data_sha256 = read_data_file(self.data, read_sums)
+        self.read_data(read_sums)
 
     def factors(self) -> np.ndarray:
         return sweep_values(self.low, self.high, self.samples)
@@ -263,30 +254,13 @@ MEASURES = ("correct_at_1", "first_digit_correct_at_1", "slope", "intercept", "r
 
 
 @dataclass
-class SumsResult:
+class SumsResult(Records[SumRecord], record=SumRecord):
     """Every problem's record from one run, with the configuration that made it."""
-
-    experiment: str
-    model: str
-    config: dict[str, Any]
-    records: list[SumRecord]
 
     def common(self) -> tuple[np.ndarray, list[SumRecord]]:
         """The most common factor grid and the records on it (a run uses one)."""
         grid = Counter(tuple(np.round(r.x, 12)) for r in self.records).most_common(1)[0][0]
         return np.array(grid), [r for r in self.records if tuple(np.round(r.x, 12)) == grid]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.experiment, "model": self.model, "config": self.config,
-                "records": [r.to_dict() for r in self.records]}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SumsResult:
-        try:
-            return cls(str(data["experiment"]), str(data["model"]), dict(data["config"]),
-                       [SumRecord.from_dict(r) for r in data["records"]])
-        except (KeyError, TypeError) as exc:
-            raise ExperimentError(f"malformed results file: missing {exc}") from None
 
 
 def _appended(signal: Signal, token: int) -> Signal:
@@ -359,27 +333,19 @@ class SumsExperiment(Experiment):
     engine = True
     shardable = True
     unit = "problem"
+    result_type = SumsResult
+    metrics = (
+        Metric("accuracy_at_1", "higher", "share of problems whose greedy answer at factor 1 is the true sum"),
+        Metric("mean_spearman", "higher", "Spearman correlation of the implied sum with the factor, mean over problems"),
+        Metric("mean_mae_line", "lower", "mean |implied sum - (a·c + b)| over the factors, mean over problems"),
+    )
 
     def items(self, config: SumsConfig) -> Sequence[SumItem]:
         return load_sums() if config.data is None else read_sums(config.data)
 
-    def run(self, lm: Any, config: SumsConfig, items: Sequence[SumItem], context: Context) -> Iterator[tuple[str, SumRecord]]:
-        evaluate = context.evaluate
-        if evaluate is None:
-            from contllm.engine import Engine
-
-            evaluate = Engine(lm).probs
+    def run(self, lm: Any, config: SumsConfig, items: Sequence[SumItem], context: RunContext) -> Iterator[tuple[str, SumRecord]]:
         for item in items:
-            yield item.id, run_item(lm, item, config, evaluate)
-
-    def decode(self, data: dict[str, Any]) -> SumRecord:
-        return SumRecord.from_dict(data)
-
-    def result(self, model: str, config: Any, records: Sequence[SumRecord]) -> SumsResult:
-        return SumsResult(self.name, model, self.config_dict(config), list(records))
-
-    def load_result(self, data: dict[str, Any]) -> SumsResult:
-        return SumsResult.from_dict(data)
+            yield item.id, run_item(lm, item, config, context.evaluate)
 
     def tables(self, result: SumsResult) -> dict[str, Table]:
         def per_factor() -> Iterator[dict[str, Any]]:

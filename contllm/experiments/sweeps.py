@@ -1,6 +1,6 @@
 """Sweep experiments: one knob (a duration factor or an alpha) moved over every item.
 
-counting, events and boolean each turn a dataset item into a :class:`Plan` (the signals
+counting, events and boolean each turn a dataset item into a :class:`SweepPlan` (the signals
 of a sweep, the knob's values, the token sets to read); :func:`run_plan` evaluates a plan
 into a :class:`Sweep`; an :class:`ExperimentResult` holds the sweeps of a run as data.
 :class:`SweepExperiment` is what the three share as registered experiments.
@@ -9,7 +9,6 @@ into a :class:`Sweep`; an :class:`ExperimentResult` holds the sweeps of a run as
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ import torch
 
 from contllm import metrics
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Context, Experiment, Table
+from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
 from contllm.experiments.options import Option
 from contllm.readout import TokenSets
 from contllm.signal import Signal
@@ -52,6 +51,20 @@ def sweep_values(low: float, high: float, samples: int, *, include: float | None
     return values.astype(np.float64)
 
 
+def check_method(method: str) -> None:
+    """ExperimentError unless ``method`` is an interpolation method ("linear" or "slerp")."""
+    if method not in ("linear", "slerp"):
+        raise ExperimentError(f"method must be 'linear' or 'slerp', got {method!r}")
+
+
+def check_alpha_sweep(low: float, high: float, samples: int, method: str) -> None:
+    """ExperimentError unless alphas from low to high (within 0..1) in ``samples`` values and ``method`` make a sweep."""
+    if not (0.0 <= low <= high <= 1.0):
+        raise ExperimentError(f"alpha range must lie within 0,1 with min <= max, got {low:g},{high:g}")
+    sweep_values(low, high, samples, include=None)
+    check_method(method)
+
+
 @dataclass
 class DurationSweepConfig:
     """Options shared by the experiments that scale durations (counting, events).
@@ -65,6 +78,13 @@ class DurationSweepConfig:
     CHAT_TEMPLATE: ClassVar[str] = ""
     FIELDS: ClassVar[tuple[str, ...]] = ()
     REQUIRED: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, prompts: tuple[str, str, tuple[str, ...], tuple[str, ...]] | None = None,
+                          **rest: Any) -> None:
+        """``prompts``: (default template, chat template, the template's fields, the fields it must hold)."""
+        super().__init_subclass__(**rest)
+        if prompts is not None:
+            cls.DEFAULT_TEMPLATE, cls.CHAT_TEMPLATE, cls.FIELDS, cls.REQUIRED = prompts
 
     template: str | None = None
     low: float = 0.1
@@ -97,23 +117,26 @@ def sweep_options(knob: str, default_range: str, default_samples: int) -> tuple[
 
 
 def scaled_plan(lm: Any, item_id: str, text: str, spans: Sequence[Any], config: DurationSweepConfig, truth: str,
-                meta: dict[str, Any]) -> Plan:
+                meta: dict[str, Any]) -> SweepPlan:
     """A duration sweep: the prompt ``text`` with ``spans`` scaled by each factor of ``config``; digits read out."""
     from contllm.readout import digits
 
     base = Signal.from_text(lm.tokenizer, text, add_special_tokens=not config.chat)
     factors = sweep_values(config.low, config.high, config.samples)
-    signals = [base.scale(list(spans), float(c)) for c in factors]
-    return Plan(item_id, factors, signals, digits(lm.tokenizer), truth=truth, meta={**meta, "tokens": len(base)})
+    edited = base.token_indices(list(spans))
+    signals = [base.scale_tokens(edited, float(c)) for c in factors]
+    return SweepPlan(item_id, factors, signals, digits(lm.tokenizer), truth=truth, meta={**meta, "tokens": len(base)},
+                     edited=edited)
 
 
 @dataclass
-class Plan:
+class SweepPlan:
     """The sweep of one dataset item, before it runs.
 
     item_id: the item's id; x: the knob's values [S]; signals: one signal per value;
     token_sets: what to read; truth: the expected label (or None); meta: item facts
-    worth saving (word, n, operators, ...).
+    worth saving (word, n, operators, ...); edited: the indices of the tokens a duration
+    sweep scales (empty for an interpolation, whose pieces are aligned in time anew).
     """
 
     item_id: str
@@ -122,6 +145,7 @@ class Plan:
     token_sets: TokenSets
     truth: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    edited: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -192,13 +216,9 @@ def _is_number(text: str) -> bool:
 
 
 @dataclass
-class ExperimentResult:
-    """Every sweep of one sweep experiment on one model, with the configuration that made it."""
+class ExperimentResult(Records[Sweep], record=Sweep, key="sweeps", one="sweep"):
+    """Every sweep of one sweep experiment on one model (``sweeps``), with the configuration that made it."""
 
-    experiment: str
-    model: str
-    config: dict[str, Any]
-    sweeps: list[Sweep]
     x_label: str = "factor"
 
     def rows(self) -> Iterable[dict[str, Any]]:
@@ -218,64 +238,28 @@ class ExperimentResult:
         """The columns of :meth:`rows`."""
         return ["item", self.x_label, "label", "probability", "truth"]
 
-    def sweep(self, item_id: str) -> Sweep:
-        """The sweep of one item; ExperimentError when the result has none."""
-        for s in self.sweeps:
-            if s.item_id == item_id:
-                return s
-        raise ExperimentError(f"no item {item_id!r} in this result")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "experiment": self.experiment,
-            "model": self.model,
-            "x_label": self.x_label,
-            "config": self.config,
-            "sweeps": [s.to_dict() for s in self.sweeps],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ExperimentResult:
-        try:
-            return cls(
-                experiment=str(data["experiment"]),
-                model=str(data["model"]),
-                config=dict(data["config"]),
-                sweeps=[Sweep.from_dict(s) for s in data["sweeps"]],
-                x_label=str(data.get("x_label", "factor")),
-            )
-        except (KeyError, TypeError) as exc:
-            raise ExperimentError(f"malformed results file: missing {exc}") from None
-
 
 Evaluator = Callable[[list[Signal]], torch.Tensor]
 
 
-#: Next-token distributions one batch of items may hold at once (bytes of float32
-#: probabilities): about 680 signals of SmolLM2's 49,152-token vocabulary, 128 of Gemma 3's
-#: 262,144. Larger batches compute no less per signal; they only hold more. The
-#: environment variable CONTLLM_GROUP_BYTES overrides it (a resumed run must keep it).
-GROUP_BYTES = 128 * 1024 * 1024
+def group_size(lm: Any, signals_per_item: int, group_bytes: int) -> int:
+    """How many items of ``signals_per_item`` signals each one batch of ``group_bytes`` takes (at least one).
 
-
-def group_size(lm: Any, signals_per_item: int) -> int:
-    """How many items of ``signals_per_item`` signals each one batch takes (at least one).
-
-    Fixed by the model and the sweep, so that a resumed run batches its items exactly as
-    an uninterrupted one did.
+    The budget counts float32 next-token distributions over the model's vocabulary. Fixed
+    by the model, the sweep and the run's recorded budget, so that a resumed run batches
+    its items exactly as an uninterrupted one did.
     """
     vocab = int(lm.model.config.get_text_config().vocab_size)
-    budget = os.environ.get("CONTLLM_GROUP_BYTES", "")
-    signals = max(1, (int(budget) if budget.isdigit() else GROUP_BYTES) // (4 * vocab))
+    signals = max(1, group_bytes // (4 * vocab))
     return max(1, signals // max(1, signals_per_item))
 
 
-def run_plan(plan: Plan, evaluate: Evaluator) -> Sweep:
+def run_plan(plan: SweepPlan, evaluate: Evaluator) -> Sweep:
     """Evaluate one plan: next-token distributions [S, vocab] -> label probabilities [S, K]."""
     return next(run_plans([plan], evaluate))
 
 
-def run_plans(plans: Sequence[Plan], evaluate: Evaluator) -> Iterator[Sweep]:
+def run_plans(plans: Sequence[SweepPlan], evaluate: Evaluator) -> Iterator[Sweep]:
     """Evaluate plans in one call of ``evaluate`` (their signals in order) and split the result into sweeps."""
     probs = evaluate([s for plan in plans for s in plan.signals]) if plans else None
     start = 0
@@ -300,37 +284,27 @@ class SweepExperiment(Experiment):
     shardable: ClassVar[bool] = True
     x_label: ClassVar[str] = "factor"
     counts: ClassVar[bool] = False
+    result_type = ExperimentResult
 
-    def plan_item(self, lm: Any, item: Any, config: Any) -> Plan:
+    def plan_item(self, lm: Any, item: Any, config: Any) -> SweepPlan:
         """The sweep of one item, before it runs."""
         raise NotImplementedError
 
-    def groups(self, lm: Any, config: Any, items: Sequence[Any]) -> list[list[Any]]:
+    def groups(self, lm: Any, config: Any, items: Sequence[Any], context: RunContext) -> list[list[Any]]:
         """Consecutive items whose sweeps run as one batch: :func:`group_size` items each."""
         if not items:
             return []
-        size = group_size(lm, len(self.plan_item(lm, items[0], config).signals))
+        size = group_size(lm, len(self.plan_item(lm, items[0], config).signals), context.group_bytes)
         return [list(items[k : k + size]) for k in range(0, len(items), size)]
 
-    def run(self, lm: Any, config: Any, items: Sequence[Any], context: Context) -> Iterator[tuple[str, Sweep]]:
+    def run(self, lm: Any, config: Any, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, Sweep]]:
         """The sweeps of ``items``, evaluated in one batch (a prompt prefix they share is computed once)."""
-        evaluate = context.evaluate
-        if evaluate is None:
-            from contllm.engine import Engine
-
-            evaluate = Engine(lm).probs
         plans = [self.plan_item(lm, item, config) for item in items]
-        for item, sweep in zip(items, run_plans(plans, evaluate)):
+        for item, sweep in zip(items, run_plans(plans, context.evaluate)):
             yield item.id, sweep
-
-    def decode(self, data: dict[str, Any]) -> Sweep:
-        return Sweep.from_dict(data)
 
     def result(self, model: str, config: Any, records: Sequence[Sweep]) -> ExperimentResult:
         return ExperimentResult(self.name, model, self.config_dict(config), list(records), x_label=self.x_label)
-
-    def load_result(self, data: dict[str, Any]) -> ExperimentResult:
-        return ExperimentResult.from_dict(data)
 
     def tables(self, result: ExperimentResult) -> dict[str, Table]:
         return {"results": (result.columns(), result.rows())}
@@ -362,6 +336,15 @@ class CountingSweepExperiment(SweepExperiment):
     """A sweep experiment that reads out a count over the digits 0-9 (counting, events)."""
 
     counts: ClassVar[bool] = True
+    metrics = (
+        Metric("accuracy_at_1", "higher", "share of items whose most probable digit at factor 1 is the true count"),
+        Metric("mean_spearman_implied_vs_factor", "higher",
+               "Spearman correlation of the implied count E[k] with the factor, mean over items"),
+        Metric("auc_observed_time_sensitivity", "higher",
+               "area over h of the share of counts 1..n reaching probability h somewhere on the sweep"),
+        Metric("auc_counterfactual_time_sensitivity", "higher", "the same, read only at factor 1"),
+        Metric("argmax_coverage", "higher", "share of counts 1..n that are the most probable digit at some factor"),
+    )
 
     def summary(self, result: ExperimentResult) -> dict[str, Any]:
         """Accuracy of the argmax digit at factor 1, mean Spearman of E[k] with the factor, time-sensitivity AUCs."""

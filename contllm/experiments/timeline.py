@@ -17,18 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from contllm.data.user import data_option_help
+from contllm.data.user import DataFileOption, data_option_help
 from contllm.errors import ExperimentError
 from contllm.experiments.options import Option
 from contllm.experiments.sweeps import sweep_values
 from contllm.experiments.tracking import (
     DEFAULT_THRESHOLD,
     PromptItem,
-    SweepPlan,
+    TrackPlan,
     TrackingExperiment,
     TrackResult,
     check_threshold,
@@ -41,14 +41,13 @@ PROMPT_ROWS = "id, prompt (other fields, such as those of tokens, are ignored)"
 
 
 @dataclass
-class ScalingConfig:
+class ScalingConfig(DataFileOption):
     """Options of the scaling experiment: s from ``low`` to ``high`` (> 0), ``samples`` values, 1.0 added when inside."""
 
     low: float = 0.01
     high: float = 1.5
     samples: int = 30
     threshold: float = DEFAULT_THRESHOLD
-    data: str | None = None
 
     def __post_init__(self) -> None:
         if self.low <= 0:
@@ -57,20 +56,20 @@ class ScalingConfig:
             )
         sweep_values(self.low, self.high, self.samples)
         check_threshold(self.threshold)
+        self.read_data(lambda path: load_items(path, edits=False))
 
     def values(self) -> np.ndarray:
         return sweep_values(self.low, self.high, self.samples)
 
 
 @dataclass
-class TranslationConfig:
+class TranslationConfig(DataFileOption):
     """Options of the translation experiment: tau from ``low`` to ``high`` (holding 0, the reference), ``samples`` values."""
 
     low: float = 0.0
     high: float = 10.0
     samples: int = 21
     threshold: float = DEFAULT_THRESHOLD
-    data: str | None = None
 
     def __post_init__(self) -> None:
         if not self.low <= 0.0 <= self.high:
@@ -79,6 +78,7 @@ class TranslationConfig:
             )
         sweep_values(self.low, self.high, self.samples, include=0.0)
         check_threshold(self.threshold)
+        self.read_data(lambda path: load_items(path, edits=False))
 
     def values(self) -> np.ndarray:
         return sweep_values(self.low, self.high, self.samples, include=0.0)
@@ -114,7 +114,41 @@ def _check_table(lm: Any, items: Sequence[PromptItem], latest: float, earliest: 
             raise ExperimentError(f"{what}: item {item.id} reaches beyond the {rows} rows of the position table")
 
 
-class ScalingExperiment(TrackingExperiment):
+def timeline_options(range_help: str, samples_help: str) -> tuple[Option, ...]:
+    """The options of scaling and translation: the knob's range and samples, the threshold, --data."""
+    return (
+        Option("range", "range", range_help),
+        Option("samples", "int", samples_help),
+        Option("threshold", "float",
+               f"Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]"),
+        Option("data", "str", data_option_help(PROMPT_ROWS)),
+    )
+
+
+class TimelineExperiment(TrackingExperiment):
+    """What scaling and translation share: the prompts of the tokens dataset (or --data), a check of the position table."""
+
+    unit = "prompt"
+    #: The knob's name, its value at which a prompt is unchanged (the reference), and
+    #: ``move(signal, value)``: the signal at one value of the knob.
+    knob: ClassVar[str] = ""
+    reference: ClassVar[float] = 0.0
+    move: ClassVar[Any] = None
+
+    def sweep(self, lm: Any, item: PromptItem, config: Any) -> TrackPlan:
+        base = lm.signal(item.prompt)
+        values = config.values()
+        return TrackPlan(self.knob, values, [self.move(base, float(v)) for v in values], self.reference,
+                         _meta(lm, item, base))
+
+    def items(self, config: Any) -> Sequence[PromptItem]:
+        return load_items(config.data, edits=False)
+
+    def check(self, lm: Any, config: Any) -> None:
+        _check_table(lm, self.items(config), config.high, min(config.low, 0.0), self.name)
+
+
+class ScalingExperiment(TimelineExperiment):
     name = "scaling"
     help = "Every duration of a prompt scaled by s (the whole time axis); every token above a threshold tracked."
     description = (
@@ -124,25 +158,10 @@ class ScalingExperiment(TrackingExperiment):
         "of the tokens dataset (ids such as capital-france), or --data."
     )
     Config = ScalingConfig
-    unit = "prompt"
-    options = (
-        Option("range", "range", "MIN,MAX of the scale s (> 0). [default: 0.01,1.5]"),
-        Option("samples", "int", "Values of s per prompt (1.0 is added when inside the range). [default: 30]"),
-        Option("threshold", "float",
-               f"Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]"),
-        Option("data", "str", data_option_help(PROMPT_ROWS)),
-    )
+    options = timeline_options("MIN,MAX of the scale s (> 0). [default: 0.01,1.5]",
+                               "Values of s per prompt (1.0 is added when inside the range). [default: 30]")
 
-    def items(self, config: ScalingConfig) -> Sequence[PromptItem]:
-        return load_items(config.data, edits=False)
-
-    def check(self, lm: Any, config: ScalingConfig) -> None:
-        _check_table(lm, self.items(config), config.high, 0.0, "scaling")
-
-    def sweep(self, lm: Any, item: PromptItem, config: ScalingConfig) -> SweepPlan:
-        base = lm.signal(item.prompt)
-        values = config.values()
-        return SweepPlan("s", values, [scaled(base, float(s)) for s in values], 1.0, _meta(lm, item, base))
+    knob, reference, move = "s", 1.0, staticmethod(scaled)
 
     def summary(self, result: TrackResult) -> dict[str, Any]:
         """Tracked tokens and distances; at the smallest s, TV from s = 1 and whether the argmax holds; how far down it does."""
@@ -169,7 +188,7 @@ def _lowest_kept(x: np.ndarray, top_ids: list[int], ref: int) -> float:
     return lowest
 
 
-class TranslationExperiment(TrackingExperiment):
+class TranslationExperiment(TimelineExperiment):
     name = "translation"
     help = "Every time of a prompt shifted by tau; max |dp| from tau = 0 (rotary models: float noise only)."
     description = (
@@ -180,26 +199,11 @@ class TranslationExperiment(TrackingExperiment):
         "dataset (ids such as capital-france), or --data."
     )
     Config = TranslationConfig
-    unit = "prompt"
     distance = "max_dp"
-    options = (
-        Option("range", "range", "MIN,MAX of the shift tau (must hold 0). [default: 0,10]"),
-        Option("samples", "int", "Values of tau per prompt (0 is added when inside the range). [default: 21]"),
-        Option("threshold", "float",
-               f"Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]"),
-        Option("data", "str", data_option_help(PROMPT_ROWS)),
-    )
+    options = timeline_options("MIN,MAX of the shift tau (must hold 0). [default: 0,10]",
+                               "Values of tau per prompt (0 is added when inside the range). [default: 21]")
 
-    def items(self, config: TranslationConfig) -> Sequence[PromptItem]:
-        return load_items(config.data, edits=False)
-
-    def check(self, lm: Any, config: TranslationConfig) -> None:
-        _check_table(lm, self.items(config), config.high, config.low, "translation")
-
-    def sweep(self, lm: Any, item: PromptItem, config: TranslationConfig) -> SweepPlan:
-        base = lm.signal(item.prompt)
-        values = config.values()
-        return SweepPlan("tau", values, [translated(base, float(tau)) for tau in values], 0.0, _meta(lm, item, base))
+    knob, reference, move = "tau", 0.0, staticmethod(translated)
 
     def summary(self, result: TrackResult) -> dict[str, Any]:
         """max |dp| from tau = 0 over every token and shift: overall, per prompt, at the largest tau; within TOLERANCE?"""

@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from contllm.data.user import data_option_help
+from contllm.data.user import DataFileOption, data_option_help
 from contllm.errors import ContllmError, ExperimentError
-from contllm.experiments.options import Option, parse_floats
-from contllm.experiments.sweeps import sweep_values
+from contllm.experiments.options import METHOD, Option, parse_floats
+from contllm.experiments.sweeps import check_alpha_sweep, sweep_values
 from contllm.experiments.tracking import (
     DEFAULT_THRESHOLD,
     ROWS,
     PromptItem,
-    SweepPlan,
+    TrackPlan,
     Track,
     TrackingExperiment,
     TrackResult,
@@ -33,7 +33,7 @@ from contllm.experiments.tracking import (
 
 
 @dataclass
-class TokensConfig:
+class TokensConfig(DataFileOption):
     """Options of the tokens experiment.
 
     low, high, samples: the values of alpha (within [0, 1]) of interpolation items.
@@ -49,12 +49,9 @@ class TokensConfig:
     samples: int = 21
     threshold: float = DEFAULT_THRESHOLD
     method: str = "linear"
-    data: str | None = None
 
     def __post_init__(self) -> None:
-        if not (0.0 <= self.low <= self.high <= 1.0):
-            raise ExperimentError(f"alpha range must lie within 0,1 with min <= max, got {self.low:g},{self.high:g}")
-        sweep_values(self.low, self.high, self.samples, include=None)
+        check_alpha_sweep(self.low, self.high, self.samples, self.method)
         self.factors = tuple(parse_floats(self.factors, "--factors"))  # type: ignore[arg-type]
         if len(self.factors) != 2 or not 0 <= self.factors[0] <= self.factors[1]:
             raise ExperimentError(
@@ -62,8 +59,7 @@ class TokensConfig:
             )
         sweep_values(self.factors[0], self.factors[1], self.samples)
         check_threshold(self.threshold)
-        if self.method not in ("linear", "slerp"):
-            raise ExperimentError(f"method must be 'linear' or 'slerp', got {self.method!r}")
+        self.read_data(lambda path: load_items(path, edits=True))
 
     def alphas(self) -> np.ndarray:
         """The values of alpha [S]."""
@@ -74,7 +70,7 @@ class TokensConfig:
         return sweep_values(self.factors[0], self.factors[1], self.samples)
 
 
-def tokens_sweep(lm: Any, item: PromptItem, config: TokensConfig) -> SweepPlan:
+def tokens_sweep(lm: Any, item: PromptItem, config: TokensConfig) -> TrackPlan:
     """An item's sweep: its span interpolated into ``to`` over alpha, or the span's duration scaled over the factors.
 
     The reference (the plain prompt) is alpha 0, or factor 1; None when the sweep misses it.
@@ -87,7 +83,7 @@ def tokens_sweep(lm: Any, item: PromptItem, config: TokensConfig) -> SweepPlan:
     if item.to is None:
         factors = config.factor_values()
         meta["tokens"] = len(base.token_indices(span))
-        return SweepPlan("factor", factors, [base.scale(span, float(c)) for c in factors], 1.0, meta)
+        return TrackPlan("factor", factors, [base.scale(span, float(c)) for c in factors], 1.0, meta)
     other = item.prompt[: span[0]] + item.to + item.prompt[span[1]:]
     span_b = (span[0], span[0] + len(item.to))
     embedding = lm.model.get_input_embeddings()
@@ -97,7 +93,7 @@ def tokens_sweep(lm: Any, item: PromptItem, config: TokensConfig) -> SweepPlan:
                for v in alphas]
     meta.update(to=item.to, method=config.method, tokens=len(a.token_indices(span)),
                 tokens_to=len(b.token_indices(span_b)))
-    return SweepPlan("alpha", alphas, signals, 0.0, meta)
+    return TrackPlan("alpha", alphas, signals, 0.0, meta)
 
 
 class TokensExperiment(TrackingExperiment):
@@ -118,7 +114,7 @@ class TokensExperiment(TrackingExperiment):
         Option("samples", "int", "Values of alpha (or of the factor) per item. [default: 21]"),
         Option("threshold", "float",
                f"Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]"),
-        Option("method", "str", "linear or slerp interpolation. [default: linear]"),
+        METHOD,
         Option("data", "str", data_option_help(ROWS)),
     )
 
@@ -134,7 +130,7 @@ class TokensExperiment(TrackingExperiment):
             except ContllmError as err:
                 raise ExperimentError(f"item {item.id}: {err}") from None
 
-    def sweep(self, lm: Any, item: PromptItem, config: TokensConfig) -> SweepPlan:
+    def sweep(self, lm: Any, item: PromptItem, config: TokensConfig) -> TrackPlan:
         return tokens_sweep(lm, item, config)
 
     def describe(self, t: Track) -> str:

@@ -27,7 +27,7 @@ import torch
 
 from contllm.data.user import Row, read_rows, unique_ids
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Context, Experiment, Table
+from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
 from contllm.signal import Signal
 
 DEFAULT_THRESHOLD = 0.05
@@ -203,36 +203,13 @@ def track(item_id: str, knob: str, x: np.ndarray, probs: torch.Tensor, labels: S
 
 
 @dataclass
-class TrackResult:
-    """Every item's :class:`Track` of one tracking experiment on one model, with its configuration."""
-
-    experiment: str
-    model: str
-    config: dict[str, Any]
-    tracks: list[Track]
-
-    def track(self, item_id: str) -> Track:
-        for t in self.tracks:
-            if t.item_id == item_id:
-                return t
-        raise ExperimentError(f"no item {item_id!r} in this result")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.experiment, "model": self.model, "config": self.config,
-                "tracks": [t.to_dict() for t in self.tracks]}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrackResult:
-        try:
-            return cls(str(data["experiment"]), str(data["model"]), dict(data["config"]),
-                       [Track.from_dict(t) for t in data["tracks"]])
-        except (KeyError, TypeError) as exc:
-            raise ExperimentError(f"malformed results file: missing {exc}") from None
+class TrackResult(Records[Track], record=Track, key="tracks", one="track"):
+    """Every item's :class:`Track` of one tracking experiment on one model (``tracks``), with its configuration."""
 
 
 # ---------------------------------------------------------------------------- the shared experiment
 @dataclass
-class SweepPlan:
+class TrackPlan:
     """What one item becomes before it runs: the knob's values [S], one signal per value, the reference value."""
 
     knob: str
@@ -256,36 +233,29 @@ class TrackingExperiment(Experiment):
 
     engine: ClassVar[bool] = True
     shardable: ClassVar[bool] = True
+    result_type = TrackResult
+    metrics = (
+        Metric("mean_max_step_tv", "lower",
+               "largest total variation between neighbouring values of the knob, mean over items (smoothness)"),
+        Metric("mean_path_tv", "lower", "total variation summed along the sweep, mean over items"),
+        Metric("share_argmax_changes", "lower", "share of items whose most probable token changes on the sweep"),
+    )
     #: Which distance from the reference the figures draw: "tv" or "max_dp".
     distance: ClassVar[str] = "tv"
 
-    def sweep(self, lm: Any, item: Any, config: Any) -> SweepPlan:
+    def sweep(self, lm: Any, item: Any, config: Any) -> TrackPlan:
         """The signals of one item's sweep."""
         raise NotImplementedError
 
-    def run(self, lm: Any, config: Any, items: Sequence[Any], context: Context) -> Iterator[tuple[str, Track]]:
-        evaluate = context.evaluate
-        if evaluate is None:
-            from contllm.engine import Engine
-
-            evaluate = Engine(lm).probs
+    def run(self, lm: Any, config: Any, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, Track]]:
         labels: tuple[str, ...] | None = None
         for item in items:
             plan = self.sweep(lm, item, config)
-            probs = evaluate(plan.signals)
+            probs = context.evaluate(plan.signals)
             if labels is None:
                 labels = vocabulary_labels(lm.tokenizer, int(probs.shape[-1]))
             yield item.id, track(item.id, plan.knob, plan.x, probs, labels, threshold=config.threshold,
                                  reference=plan.reference, meta=plan.meta)
-
-    def decode(self, data: dict[str, Any]) -> Track:
-        return Track.from_dict(data)
-
-    def result(self, model: str, config: Any, records: Sequence[Track]) -> TrackResult:
-        return TrackResult(self.name, model, self.config_dict(config), list(records))
-
-    def load_result(self, data: dict[str, Any]) -> TrackResult:
-        return TrackResult.from_dict(data)
 
     def tables(self, result: TrackResult) -> dict[str, Table]:
         """results.csv: every tracked token's probability at each value; values.csv: top token and distances per value."""

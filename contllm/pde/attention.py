@@ -138,7 +138,7 @@ def pde_attention(
     layer: one layer (negative from the end) or None for all; head: one head of each layer
         in scope, or None for all heads.
     recorder: an object with ``add(layer, weights, support)`` that sees every layer's rows
-        after the dynamics (e.g. :class:`~contllm.pde.measure.AttentionRecorder`), or None.
+        after the dynamics (e.g. :class:`~contllm.pde.probes.AttentionRecorder`), or None.
     Yields the attention modules (in layer order). On exit the model's attention
     implementation is the one it had before, also when the body raises.
     """

@@ -35,7 +35,7 @@ import torch
 
 from contllm.data import select_items
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Context, Experiment, Table
+from contllm.experiments.base import Experiment, RunContext, Table
 from contllm.experiments.options import Option, config_dict, parse_floats
 from contllm.families import attention_modules, head_counts
 from contllm.files import jsonable
@@ -43,7 +43,7 @@ from contllm.pde.attention import pde_attention
 from contllm.pde.dynamics import SPACINGS, Dynamics
 from contllm.pde.figures import comparison_figure, figures as draw_figures
 from contllm.pde.hidden import causal_smoothing
-from contllm.pde.measure import AttentionRecorder, compare_fits, output_measures, perplexity
+from contllm.pde.probes import AttentionRecorder, compare_fits, output_measures, perplexity
 from contllm.pde.result import CSV_COLUMNS, PROFILE_COLUMNS, PDEResult, check_record
 
 DEFAULT_TIMES: tuple[float, ...] = (0.0, 0.1, 0.4, 1.0, 4.0, 16.0, 64.0, 256.0)
@@ -441,7 +441,7 @@ class PDEExperiment(Experiment):
     def check(self, lm: Any, config: PDEConfig) -> None:
         check_model(lm, self.check_config(config))
 
-    def run(self, lm: Any, config: PDEConfig, items: Sequence[Point], context: Context) -> Iterator[tuple[str, dict[str, Any]]]:
+    def run(self, lm: Any, config: PDEConfig, items: Sequence[Point], context: RunContext) -> Iterator[tuple[str, dict[str, Any]]]:
         config = self.check_config(config)
         for point_id, record in measure_points(lm, config, items, select_prompts(config.prompts)):
             context.say(describe(point_id, record))

@@ -13,7 +13,7 @@ import numpy as np
 
 from contllm.errors import ExperimentError
 from contllm.files import as_array
-from contllm.pde.measure import Fit
+from contllm.pde.probes import Fit
 from contllm.pde.result import PDEResult
 
 #: The figures of a run, in the order they are drawn (figures/<name>.png and .pdf); "summary"

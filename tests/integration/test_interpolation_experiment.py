@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from contllm import ContinuousLM
 from contllm.cli import app
 from contllm.engine import Engine
-from contllm.experiments.interpolation import InterpolationConfig, ends, plan_item, word_items
+from contllm.experiments.word_interpolation import InterpolationConfig, ends, plan_item, word_items
 from contllm.report import REPORT_FILES
 
 pytestmark = pytest.mark.integration

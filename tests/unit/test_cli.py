@@ -116,7 +116,7 @@ def test_malformed_specs(text: str, needle: str, tmp_path: Path) -> None:
 
 
 def test_shipped_specs_are_valid() -> None:
-    root = Path(__file__).resolve().parents[2] / "experiments"
+    root = Path(__file__).resolve().parents[2] / "specs"
     specs = sorted(root.glob("*.toml"))
     assert specs
     for path in specs:

@@ -42,7 +42,7 @@ from contllm.depth import (
 )
 from contllm.depth.experiment import EXPERIMENT
 from contllm.errors import ExperimentError, RunDirectoryError
-from contllm.experiments.base import Context
+from contllm.runner import context_for
 from contllm.families import decoder_layers, final_norm
 from contllm.files import csv_text
 from tests.unit.tiny import FAMILY_NAMES, backends, prompt, tiny_model
@@ -433,11 +433,11 @@ def test_seeds_do_not_depend_on_which_prompts_run(monkeypatch: pytest.MonkeyPatc
         data.pop("seconds")
         return data
 
-    full = dict(EXPERIMENT.run(lm, SMALL, TINY_PROMPTS, Context(seed=0)))
-    alone = dict(EXPERIMENT.run(lm, SMALL, TINY_PROMPTS[1:], Context(seed=0)))
+    full = dict(EXPERIMENT.run(lm, SMALL, TINY_PROMPTS, context_for(lm, seed=0)))
+    alone = dict(EXPERIMENT.run(lm, SMALL, TINY_PROMPTS[1:], context_for(lm, seed=0)))
     assert list(full) == ["a", "b"] and list(alone) == ["b"]
     assert numbers(alone["b"]) == numbers(full["b"])
-    reseeded = dict(EXPERIMENT.run(lm, SMALL, TINY_PROMPTS[1:], Context(seed=1)))
+    reseeded = dict(EXPERIMENT.run(lm, SMALL, TINY_PROMPTS[1:], context_for(lm, seed=1)))
     assert numbers(reseeded["b"])["lipschitz"] != numbers(full["b"])["lipschitz"]
     # The Python API gives the numbers a default run gives.
     api = run_depth(lm, SMALL, prompts=TINY_PROMPTS, seed=0)

@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 from contllm import ContinuousLM, ExperimentError, registry
 from contllm.errors import ContllmError
 from contllm.engine import Engine
-from contllm.experiments.interpolation import (
+from contllm.experiments.word_interpolation import (
     EXPERIMENT,
     GROUPS,
     InterpolationConfig,

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
-from contllm.experiments.base import Context
+from contllm.runner import context_for
 from contllm.files import csv_text
 from contllm.pde import EXPERIMENT, PDEConfig, PDEResult, run_pde
 from contllm.pde.experiment import select_prompts, shipped_prompts, shipped_text, step_id
@@ -215,7 +215,7 @@ def test_a_scope_outside_the_model_is_refused_before_anything_is_written(
 
 
 def test_run_of_no_points_measures_nothing(lm: ContinuousLM) -> None:
-    assert list(EXPERIMENT.run(lm, EXPERIMENT.config(OPTIONS), [], Context())) == []
+    assert list(EXPERIMENT.run(lm, EXPERIMENT.config(OPTIONS), [], context_for(lm))) == []
 
 
 # ---------------------------------------------------------------------------- results as data

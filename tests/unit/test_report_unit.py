@@ -188,3 +188,30 @@ def test_boolean_report(tmp_path: Path) -> None:
 def test_no_runs() -> None:
     with pytest.raises(RunDirectoryError, match="no run directories given"):
         write_report([], Path("unused"))
+
+
+def test_runs_are_ordered_by_each_metrics_declared_direction(tmp_path: Path) -> None:
+    from contllm import registry
+    from contllm.report import load_runs, ranked
+
+    x = np.linspace(0.1, 1.0, 4)
+    off = counting_result("off-by-one", x)
+    for s in off.sweeps:  # every count read one too high: accuracy at factor 1 falls to 0
+        s.probs = np.roll(s.probs, 1, axis=1)
+    runs = [fake_run(tmp_path / "off", off), fake_run(tmp_path / "good", counting_result("good", x))]
+    write_report(runs, tmp_path / "out")
+    rows = list(csv.DictReader((tmp_path / "out" / "summary.csv").open()))
+    assert [r["model"] for r in rows] == ["good", "off-by-one"]  # accuracy_at_1: higher is better
+    assert float(rows[0]["accuracy_at_1"]) > float(rows[1]["accuracy_at_1"])
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "- `accuracy_at_1` (higher is better):" in md and "- `accuracy_at_1`: good (" in md
+
+    smooth, rough = boolean_result("smooth"), boolean_result("rough")
+    for s in rough.sweeps:  # P(1) jumps back and forth along alpha
+        s.probs[1::2, 1] = np.clip(s.probs[1::2, 1] + 0.3, 0, 1)
+    pair = load_runs([fake_run(tmp_path / "rough", rough), fake_run(tmp_path / "smooth", smooth)])
+    jump = next(m for m in registry.get("boolean").metrics if m.name == "mean_max_jump_p1")
+    assert jump.direction == "lower"
+    assert [r.model for r in ranked(pair, jump)] == ["smooth", "rough"]
+    summary = json.loads((tmp_path / "smooth" / "summary.json").read_text())
+    assert summary["metrics"]["mean_max_jump_p1"]["direction"] == "lower is better"

@@ -192,7 +192,10 @@ def test_a_run_writes_records_tables_summary_and_figures(full_run: Path) -> None
     summary = json.loads((full_run / "summary.json").read_text())
     assert summary["items"] == 2 and summary["accuracy_at_1"] in (0.0, 0.5, 1.0)
     assert set(summary) == {"experiment", "model", "items", "accuracy_at_1", "first_digit_accuracy_at_1", "mean_slope",
-                            "mean_slope_ratio", "median_slope_ratio", "mean_r2", "mean_spearman", "mean_mae_line"}
+                            "mean_slope_ratio", "median_slope_ratio", "mean_r2", "mean_spearman", "mean_mae_line",
+                            "metrics"}
+    assert set(summary["metrics"]) == {"accuracy_at_1", "mean_spearman", "mean_mae_line"}
+    assert summary["metrics"]["mean_mae_line"]["direction"] == "lower is better"
     assert (full_run / "results.csv").read_text().startswith("item,factor,answer,implied,line,truth")
     assert len((full_run / "results.csv").read_text().splitlines()) == 1 + 2 * 2
     assert (full_run / "digits.csv").read_text().startswith("item,factor,step,label,probability")

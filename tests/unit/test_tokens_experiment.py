@@ -235,3 +235,26 @@ def test_the_comparison_and_report_columns(full_run: Path) -> None:
     plt.close(fig)
     assert EXPERIMENT.report_columns(result) == {"alpha_min": 0.0, "alpha_max": 1.0, "alpha_samples": 5,
                                                  "factor_min": 0.0, "factor_max": 1.5, "factor_samples": 6}
+
+
+def test_resume_with_a_changed_data_file_is_refused_in_one_line(lm: ContinuousLM, data: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from contllm.cli import app
+    from contllm.data.user import file_sha256
+    from contllm.runner import run
+
+    path = tmp_path / "items.json"
+    shutil.copy(data, path)
+    out = tmp_path / "run"
+    run("tokens", options={**OPTIONS, "data": str(path)}, lm=lm, model="tiny-llama", out=out, items="1",
+        item_figures=False)
+    options = json.loads((out / "config.json").read_text())["options"]
+    assert options["data"] == str(path) and options["data_sha256"] == file_sha256(path)
+    path.write_text(json.dumps({"items": ROWS[::-1]}))  # the same path, other contents
+    flags = [f"--{k}={v}" for k, v in OPTIONS.items()]
+    result = CliRunner().invoke(app, ["run", "tokens", *flags, "--data", str(path), "--model", "tiny-llama",
+                                      "--items", "1", "--out", str(out), "--resume"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: cannot resume") and "options" in lines[0], result.output

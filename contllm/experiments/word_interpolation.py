@@ -22,17 +22,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import numpy as np
 
-from contllm.data.user import Row, data_option_help, read_data_file, read_rows, unique_ids
+from contllm.data.user import DataFileOption, Row, data_option_help, read_rows, unique_ids
 from contllm.errors import ExperimentError, SignalError
-from contllm.experiments.options import Option
+from contllm.experiments.options import METHOD, Option
 from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
-from contllm.experiments.sweeps import ExperimentResult, Plan, Sweep, SweepExperiment, sweep_options, sweep_values
+from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepExperiment, SweepPlan, check_alpha_sweep
+from contllm.experiments.sweeps import sweep_options, sweep_values
 from contllm.interpolate import interpolate_spans
 from contllm.readout import TokenSets
 from contllm.signal import Signal
@@ -42,11 +43,8 @@ GROUPS = ("both", "neither", "first", "second")
 ANSWERS = {"both": (True, True), "neither": (False, False), "first": (True, False), "second": (False, True)}
 
 #: Eight answered questions about other things (four yes, four no), then the item's
-#: question. SmolLM2-135M barely tells yes from no on any format tried (measured over the
-#: built-in 176 questions x 2 words at alpha 0 and 1, argmax of yes vs no): this one 50.9%,
-#: with P(yes) / (P(yes) + P(no)) 0.26 where the answer is yes against 0.20 where it is no;
-#: thirteen shots 53.4% (0.35 / 0.28) at twice the prompt length; six shots, a chat turn and
-#: plain completions 50-51%, nearly always "No". See the README for both models.
+#: question. How well small models tell yes from no with this and other formats is
+#: measured in the README ("A word moved into another").
 SHOTS = (
     ("Are tigers animals?", "Yes"), ("Can rocks swim?", "No"), ("Do ducks have feathers?", "Yes"),
     ("Are clouds made of stone?", "No"), ("Are grapes fruit?", "Yes"), ("Do lions lay eggs?", "No"),
@@ -206,7 +204,7 @@ def load_items(path: str | None = None) -> list[WordItem]:
 
 
 @dataclass
-class InterpolationConfig:
+class InterpolationConfig(DataFileOption):
     """Options of the word-interpolation experiment.
 
     template: prompt with a {question} field (the item's question with the word filled in);
@@ -224,21 +222,14 @@ class InterpolationConfig:
     high: float = 1.0
     samples: int = 11
     pairs: tuple[str, ...] | None = None
-    data: str | None = None
     chat: bool = False
-    data_sha256: str | None = field(default=None, init=False)  # what --resume must find again
 
     def __post_init__(self) -> None:
-        if not (0.0 <= self.low <= self.high <= 1.0):
-            raise ExperimentError(f"alpha range must lie within 0,1 with min <= max, got {self.low},{self.high}")
-        sweep_values(self.low, self.high, self.samples, include=None)
-        if self.method not in ("linear", "slerp"):
-            raise ExperimentError(f"method must be 'linear' or 'slerp', got {self.method!r}")
+        check_alpha_sweep(self.low, self.high, self.samples, self.method)
         check_template(self.resolved_template(), ("question",), required=("question",))
         if self.pairs is not None:
             self.pairs = tuple(self.pairs)
-        if self.data is not None:  # a malformed file is refused here, before a model loads
-            self.data, self.data_sha256 = read_data_file(self.data, load_items)
+        self.read_data(load_items)  # a malformed file is refused here, before a model loads
 
     def resolved_template(self) -> str:
         if self.template is not None:
@@ -302,7 +293,7 @@ def check_item(lm: Any, item: WordItem, config: InterpolationConfig) -> None:
         )
 
 
-def plan_item(lm: Any, item: WordItem, config: InterpolationConfig) -> Plan:
+def plan_item(lm: Any, item: WordItem, config: InterpolationConfig) -> SweepPlan:
     """The sweep of one item: the word's span interpolated over alpha; yes/no read out."""
     sa, span_a, sb, span_b = ends(lm, item, config)
     alphas = config.alphas()
@@ -322,7 +313,7 @@ def plan_item(lm: Any, item: WordItem, config: InterpolationConfig) -> Plan:
         "tokens_first": len(sa.token_indices(span_a)),
         "tokens_second": len(sb.token_indices(span_b)),
     }
-    return Plan(item.id, alphas, signals, yes_no(lm.tokenizer), truth=None, meta=meta)
+    return SweepPlan(item.id, alphas, signals, yes_no(lm.tokenizer), truth=None, meta=meta)
 
 
 # ------------------------------------------------------------------------------ numbers
@@ -407,7 +398,7 @@ class InterpolationExperiment(SweepExperiment):
     Config = InterpolationConfig
     options = (
         *sweep_options("alpha (within 0,1)", "0,1", 11),
-        Option("method", "str", "linear or slerp interpolation. [default: linear]"),
+        METHOD,
         Option("pairs", "words", "Comma-separated word pairs to keep, e.g. apples-bananas,cats-goldfish. [default: all]"),
         Option("data", "str", data_option_help(DATA_SCHEMA)),
     )
@@ -420,7 +411,7 @@ class InterpolationExperiment(SweepExperiment):
         for item in word_items(config):
             check_item(lm, item, config)
 
-    def plan_item(self, lm: Any, item: WordItem, config: InterpolationConfig) -> Plan:
+    def plan_item(self, lm: Any, item: WordItem, config: InterpolationConfig) -> SweepPlan:
         return plan_item(lm, item, config)
 
     def describe(self, sweep: Sweep) -> str:

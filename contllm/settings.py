@@ -1,0 +1,98 @@
+"""How a run is made, apart from the experiment's own options: one typed declaration.
+
+:class:`RunSettings` is built by the command line, by spec files and from Python, and
+checked once, when it is made (:meth:`RunSettings.check_for` adds what depends on the
+experiment). :meth:`RunSettings.recorded` is what config.json keeps of it and what
+``--resume`` compares: everything that changes how records are computed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from contllm.errors import ExperimentError
+from contllm.models import DEFAULT_MODEL, check_device_map
+
+#: Next-token distributions one batch of items may hold at once, in bytes of float32
+#: probabilities. Larger batches compute no less per signal; they only hold more. The
+#: environment variable CONTLLM_GROUP_BYTES overrides it; a run records the value it used
+#: and a resumed run must use the same (the batch decides float summation order).
+GROUP_BYTES = 128 * 1024 * 1024
+GROUP_BYTES_VARIABLE = "CONTLLM_GROUP_BYTES"
+
+
+def group_bytes_from_env() -> int:
+    """The group budget in bytes: CONTLLM_GROUP_BYTES when set, else :data:`GROUP_BYTES`; ExperimentError for a bad value."""
+    text = os.environ.get(GROUP_BYTES_VARIABLE, "").strip()
+    if not text:
+        return GROUP_BYTES
+    if not text.isdigit() or int(text) < 1:
+        raise ExperimentError(f"{GROUP_BYTES_VARIABLE} must be a whole number of bytes >= 1, got {text!r}")
+    return int(text)
+
+
+def _positive_int(value: Any, what: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ExperimentError(f"{what} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The settings every run takes; ExperimentError on construction for a value that makes no sense.
+
+    model: what to load and how config.json names it (alias, hub id or directory).
+    items: the first N items or comma-separated ids (None: all; a count is kept as text).
+    seed: the run's random seed. dtype: float32, bfloat16 or float16 (None: the device's default).
+    max_batch_tokens: most tokens one forward computes (None: automatic); used by every
+        experiment that evaluates the model in batches (the engine and attribution's gradients).
+    device_map: "auto" spreads a model over several devices (engine experiments).
+    item_figures: also draw one figure per item.
+    group_bytes: the budget of one batch of items (see :data:`GROUP_BYTES`); read from the
+        environment when not given.
+    """
+
+    model: str = DEFAULT_MODEL
+    items: str | None = None
+    seed: int = 0
+    dtype: str | None = None
+    max_batch_tokens: int | None = None
+    device_map: str | None = None
+    item_figures: bool = True
+    group_bytes: int = field(default_factory=group_bytes_from_env)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ExperimentError(f"model must be a name or a directory, got {self.model!r}")
+        if self.items is not None:
+            if isinstance(self.items, bool) or not isinstance(self.items, (str, int)):
+                raise ExperimentError(f"items must be a count or a string of ids, got {self.items!r}")
+            object.__setattr__(self, "items", str(self.items))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ExperimentError(f"seed must be an integer, got {self.seed!r}")
+        if self.dtype is not None and not isinstance(self.dtype, str):
+            raise ExperimentError(f"dtype must be a name (float32, bfloat16, float16), got {self.dtype!r}")
+        _positive_int(self.max_batch_tokens, "--max-batch-tokens")
+        _positive_int(self.group_bytes, GROUP_BYTES_VARIABLE)
+        if self.device_map is not None:
+            check_device_map(self.device_map)
+        if not isinstance(self.item_figures, bool):
+            raise ExperimentError(f"item_figures must be true or false, got {self.item_figures!r}")
+
+    def check_for(self, experiment: Any) -> None:
+        """ExperimentError when a setting does not apply to ``experiment`` (an :class:`~contllm.experiments.base.Experiment`)."""
+        from contllm.distributed import launch_size
+
+        if not experiment.engine:
+            unused = [flag for flag, value in (("--max-batch-tokens", self.max_batch_tokens),
+                                               ("--device-map", self.device_map)) if value is not None]
+            if unused:
+                raise ExperimentError(f"option(s) {', '.join(unused)} do not apply to the {experiment.name} experiment")
+        if not experiment.shardable and launch_size() > 1:
+            raise ExperimentError(f"{experiment.name} runs in one process; start it without a launcher")
+
+    def recorded(self) -> dict[str, Any]:
+        """What config.json keeps and ``--resume`` compares: every setting that changes the records."""
+        return {"model": self.model, "dtype": self.dtype, "items": self.items, "seed": self.seed,
+                "max_batch_tokens": self.max_batch_tokens, "group_bytes": self.group_bytes}
