@@ -19,7 +19,7 @@ import typer
 
 from contllm import registry
 from contllm.errors import ContllmError, ExperimentError
-from contllm.models import DEFAULT_MODEL
+from contllm.models import DEFAULT_MODEL, REGISTRY
 
 
 # `run` is a click group and the other commands are Typer's, whose main loop knows its own
@@ -65,7 +65,7 @@ class _OneLineCommand(click.Command):
 #: Options every experiment takes: (parameter declarations, click keyword arguments).
 RUN_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--model", "-m"), {"default": DEFAULT_MODEL, "show_default": True,
-                         "help": "Embedded alias (smollm2-135m, gemma3-270m), Hugging Face id or local directory."}),
+                         "help": f"Embedded alias ({', '.join(REGISTRY)}), Hugging Face id or local directory."}),
     (("--device",), {"default": "auto", "show_default": True, "help": "auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."}),
     (("--dtype",), {"default": None, "help": "float32 (default on CPU), bfloat16 or float16."}),
     (("--items",), {"default": None, "help": "The first N items, or a comma-separated list of item ids. [default: all]"}),
