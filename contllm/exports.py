@@ -21,6 +21,8 @@ def lazy_exports(package: str, modules: Mapping[str, Sequence[str]]) -> tuple[Ca
     The ``__getattr__`` imports a name's module on first use and keeps the name in the
     package, and raises AttributeError for any other name.
     """
+    if any(isinstance(names, str) for names in modules.values()):
+        raise TypeError("lazy_exports takes a sequence of names per module, not one string")
     where = {name: module for module, names in modules.items() for name in names}
 
     def __getattr__(name: str) -> Any:

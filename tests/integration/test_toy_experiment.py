@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from contllm import registry
 from contllm.cli import app
-from contllm.experiments.base import Context, Experiment
+from contllm.experiments.base import Experiment, RunContext
 from contllm.experiments.options import Option
 
 pytestmark = pytest.mark.integration
@@ -59,7 +59,7 @@ class ShrinkExperiment(Experiment):
     def items(self, config: ShrinkConfig) -> Sequence[Prompt]:
         return [Prompt(k, v) for k, v in PROMPTS.items()]
 
-    def run(self, lm: Any, config: ShrinkConfig, items: Sequence[Prompt], context: Context) -> Iterator[tuple[str, Any]]:
+    def run(self, lm: Any, config: ShrinkConfig, items: Sequence[Prompt], context: RunContext) -> Iterator[tuple[str, Any]]:
         for item in items:
             signal = lm.signal(item.text)
             last = signal.find(item.text.split()[-1])
