@@ -8,7 +8,7 @@ import torch
 
 from contllm import ContinuousLM
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.numerics]
 
 PROMPT = (
     "The old lighthouse keeper climbed the spiral stairs every evening, lit the great lamp, "

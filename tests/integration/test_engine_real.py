@@ -10,7 +10,7 @@ from contllm import ContinuousLM, Signal, pad_signals
 from contllm.engine import Engine
 from contllm.hardware import cpu_capability
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.numerics]
 
 PROMPT = '"cat cat" contains 2 words.\n"dog dog dog" contains 3 words.\n"apple apple apple apple" contains '
 

@@ -23,7 +23,7 @@ from contllm.readout import TokenSets
 from contllm.signal import Signal
 from tests.unit.tiny import prompt, random_durations, tiny_model, tiny_model64
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numerics]
 
 #: Four labels over a 97-token vocabulary; "expectation" makes them a count 0..3.
 SETS = TokenSets(tuple("0123"), ((5, 6), (7,), (8, 9), (10,)))

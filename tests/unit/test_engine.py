@@ -14,7 +14,7 @@ from contllm.engine import Engine
 from contllm.prefix import shared_prefix_len
 from tests.unit.tiny import WINDOW, prompt, random_durations, tiny_model, tiny_model64
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numerics]
 
 # A rotary family, three windowed ones (window 4, prompts of 12-15 tokens) and learned positions.
 FAMILIES = [("llama", "sdpa"), ("mistral", "sdpa"), ("gemma3", "eager"), ("qwen2", "eager"), ("gpt2", "eager")]

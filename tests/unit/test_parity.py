@@ -8,7 +8,7 @@ import torch
 from contllm import ContinuousLM, Signal, pad_signals
 from tests.unit.tiny import FAMILY_NAMES, ROTARY, WINDOW, WINDOWED, backends, prompt, random_durations, tiny_model, tiny_model64
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numerics]
 
 CASES = [(f, b) for f in FAMILY_NAMES for b in backends(f)]
 N = 14  # longer than the tiny window (4), so sliding layers really slide

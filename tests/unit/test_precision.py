@@ -15,7 +15,7 @@ from contllm.precision import IMPLEMENTATION, MATMUL_MODULES, float32_attention_
 from tests.unit.test_engine import sweep
 from tests.unit.tiny import FAMILY_NAMES, backends, tiny_model
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numerics]
 
 FAMILIES = [(f, impl) for f in FAMILY_NAMES for impl in backends(f)]
 

@@ -10,7 +10,7 @@ from contllm.engine import Engine
 from contllm.prefix import IMPLEMENTATION, SharedKeys, shared_prefix_attention
 from tests.unit.tiny import FAMILY_NAMES, WINDOW, backends, prompt, random_durations, tiny_model, tiny_model64
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numerics]
 
 PREFIX = 7
 assert PREFIX > WINDOW  # windowed families hide part of the prefix from the rows

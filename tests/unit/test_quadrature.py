@@ -8,7 +8,7 @@ import pytest
 from contllm.attribution import quadrature
 from contllm.attribution.quadrature import cubic_spline, curve, integrate, layout, panel_edges, panel_rule
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numerics]
 
 A = -9.0  # the path runs over s = log tau in [A, 0]
 
