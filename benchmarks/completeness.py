@@ -31,6 +31,7 @@ import numpy as np
 import contllm
 from contllm import registry
 from contllm.attribution import RULES, attribute
+from contllm.hardware import describe
 
 
 def main() -> None:
@@ -47,6 +48,9 @@ def main() -> None:
     args = parser.parse_args()
     steps = [int(s) for s in args.steps.split(",")]
     rules = args.rules.split(",")
+    # The error at a given step count depends on the CPU: the panels are laid out from samples of f,
+    # whose float32 rounding differs by instruction set (see tests/integration/test_attribution.py).
+    print(describe())
     lm = contllm.load(args.model)
     experiment = registry.get("attribution")
     config = experiment.config({"first": str(args.first), "tokens": args.tokens, "floor": args.floor})
