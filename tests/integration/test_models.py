@@ -145,7 +145,12 @@ def test_gemma3_config_facts(gemma3: Reference) -> None:
 
 def test_list_models_sees_both_entries(smollm2: Reference, gemma3: Reference, cache_dir: Path) -> None:
     listings = {m.alias: m for m in M.list_models(cache_dir=cache_dir)}
-    assert all(m.installed and m.cached for m in listings.values())
+    assert list(listings) == list(M.REGISTRY)
+    for alias in ("smollm2-135m", "gemma3-270m"):
+        assert listings[alias].installed and listings[alias].cached
+        files = [p for p in (cache_dir / alias).iterdir() if p.name != M.RECORD_NAME]
+        assert listings[alias].cache_bytes == sum(p.stat().st_size for p in files)
+    assert not any(m.cached for m in listings.values() if m.alias.startswith("qwen"))  # not converted in this cache
 
 
 def test_bfloat16_load_from_cache(smollm2: Reference, cache_dir: Path) -> None:

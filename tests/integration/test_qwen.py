@@ -81,3 +81,11 @@ def test_counting_run_end_to_end(qwen: ContinuousLM, tmp_path: Path) -> None:
     assert summary["model"] == ALIAS and summary["items"] == 2
     assert 0.0 <= summary["argmax_coverage"] <= 1.0
     assert (out / "figures" / "summary.png").is_file()
+
+
+def test_tokenizer_keeps_the_chat_template_adds_no_bos_and_gives_offsets(qwen: ContinuousLM) -> None:
+    tokenizer = qwen.tokenizer
+    assert tokenizer.is_fast and "<|im_start|>" in tokenizer.chat_template
+    encoded = tokenizer("apple apple", return_offsets_mapping=True)
+    assert encoded.input_ids[0] != tokenizer.bos_token_id
+    assert [tuple(o) for o in encoded.offset_mapping] == [(0, 5), (5, 11)]
