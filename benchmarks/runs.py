@@ -45,7 +45,7 @@ from sweep import _peak_rss_mb, _reset_peak_rss, engine_flops, matmul_rate
 import contllm
 from contllm.engine import Engine, EngineStats
 from contllm.experiments import run_experiment, summarize
-from contllm.hardware import describe
+from contllm.hardware import describe, half_sections
 from contllm.registry import get as get_experiment
 
 RUNS = ("counting", "events", "boolean")
@@ -149,7 +149,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated: counting, events, boolean")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--no-bf16", dest="bf16", action="store_false")
+    parser.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
+                        help="the bf16 sections: auto runs them where bf16 matmuls pay on this CPU (a 50 ms probe)")
+    parser.add_argument("--no-bf16", dest="bf16", action="store_const", const="off", help="the same as --bf16 off")
     parser.add_argument("--end-to-end", action="store_true", help="also time whole runs through the runner")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
@@ -160,7 +162,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(describe())
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
     fp32 = contllm.load(args.model, dtype=torch.float32, device="cpu")
-    bf16 = contllm.load(args.model, dtype=torch.bfloat16, device="cpu") if args.bf16 else None
+    with_bf16, why_not = half_sections(args.bf16)
+    if why_not:
+        print(why_not)
+    bf16 = contllm.load(args.model, dtype=torch.bfloat16, device="cpu") if with_bf16 else None
     config = fp32.model.config.get_text_config()
     rate = matmul_rate(4096, int(config.hidden_size), int(config.intermediate_size))
     print(f"model {args.model}; dense float32 matmul rate {rate / 1e9:.0f} GFLOP/s")

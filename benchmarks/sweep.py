@@ -66,7 +66,7 @@ import torch
 
 from contllm import ContinuousLM, Signal, pad_signals
 from contllm.engine import Engine, EngineStats
-from contllm.hardware import cpu_capability, describe
+from contllm.hardware import cpu_capability, describe, half_sections
 
 COUNTING_PROMPT = (
     '"cat cat" contains 2 words.\n'
@@ -367,7 +367,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--workloads", default="counting,events,events-last", help=f"comma-separated, from {', '.join(WORKLOADS)}"
     )
-    parser.add_argument("--no-bf16", action="store_true", help="skip the bf16-vs-fp32 engine comparison")
+    parser.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
+                        help="the bf16-vs-fp32 engine comparison: auto runs it where bf16 matmuls pay on this CPU")
+    parser.add_argument("--no-bf16", dest="bf16", action="store_const", const="off", help="the same as --bf16 off")
     args = parser.parse_args(argv)
     unknown = set(args.workloads.split(",")) - set(WORKLOADS)
     if unknown:
@@ -394,7 +396,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     for work in workloads:
         print_comparison(compare(lm, work, args.repeats))
 
-    if not args.no_bf16:
+    with_bf16, why_not = half_sections(args.bf16)
+    if why_not:
+        print(f"\n{why_not}")
+    if with_bf16:
         other = load_lm(args.model, torch.bfloat16 if dtype == torch.float32 else torch.float32)
         fp32, bf16 = (lm, other) if dtype == torch.float32 else (other, lm)
         print("\n[bf16 vs fp32 engine]")

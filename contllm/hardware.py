@@ -120,10 +120,34 @@ def half_matmul_speedup(dtype: torch.dtype = torch.bfloat16, *, repeats: int = 3
     return times[torch.float32] / times[dtype]
 
 
+def half_precision_pays(dtype: torch.dtype = torch.bfloat16) -> tuple[bool, float]:
+    """Whether ``dtype`` matmuls run at least :data:`HALF_WORTH_IT` times faster than float32 here, and the speed-up."""
+    speedup = half_matmul_speedup(dtype)
+    return speedup >= HALF_WORTH_IT, speedup
+
+
+def half_sections(choice: str, dtype: torch.dtype = torch.bfloat16) -> tuple[bool, str | None]:
+    """Whether a benchmark's half-precision sections run, and a line saying why not when the probe decided.
+
+    choice: "on", "off" or "auto" (run them where ``dtype`` matmuls pay on this CPU: where they
+    are emulated, as on AVX2 without avx512_bf16, those sections alone would take hours).
+    """
+    if choice not in ("auto", "on", "off"):
+        raise ValueError(f"choice must be auto, on or off, got {choice!r}")
+    if choice != "auto":
+        return choice == "on", None
+    pays, speedup = half_precision_pays(dtype)
+    if pays:
+        return True, None
+    name = str(dtype).removeprefix("torch.")
+    return False, (f"{name} sections skipped: {name} matmuls run at {speedup:.2f}x the float32 speed on this CPU "
+                   f"(below {HALF_WORTH_IT}x); --bf16 on runs them anyway")
+
+
 def half_precision_note(dtype: torch.dtype) -> str | None:
     """A one-line note for a half-precision run on this CPU when it would be no faster than float32, else None."""
-    speedup = half_matmul_speedup(dtype)
-    if speedup >= HALF_WORTH_IT:
+    pays, speedup = half_precision_pays(dtype)
+    if pays:
         return None
     name = str(dtype).removeprefix("torch.")
     pace = f"{1 / speedup:.2f}x slower" if speedup < 1 else f"only {speedup:.2f}x faster"

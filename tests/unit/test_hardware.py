@@ -123,3 +123,18 @@ def test_a_run_notes_slow_half_precision_before_loading(monkeypatch: pytest.Monk
     runner._note_half_precision("float32", "cpu", said.append)
     runner._note_half_precision("not-a-dtype", "cpu", said.append)
     assert len(said) == 1 and said[0].startswith("note: bfloat16 matmuls run 2.00x slower")
+
+
+@pytest.mark.parametrize("speedup, runs", [(0.2, False), (1.49, False), (1.5, True), (3.6, True)])
+def test_benchmarks_run_their_bf16_sections_only_where_bf16_pays(
+    monkeypatch: pytest.MonkeyPatch, speedup: float, runs: bool
+) -> None:
+    monkeypatch.setattr(hardware, "half_matmul_speedup", lambda dtype=None, **_: speedup)
+    go, why = hardware.half_sections("auto")
+    assert go is runs and (why is None) is runs
+    if not runs:
+        assert f"{speedup:.2f}x" in why and "--bf16 on" in why  # type: ignore[operator]
+    monkeypatch.setattr(hardware, "half_matmul_speedup", lambda *a, **k: pytest.fail("probed though told"))
+    assert hardware.half_sections("on") == (True, None) and hardware.half_sections("off") == (False, None)
+    with pytest.raises(ValueError):
+        hardware.half_sections("maybe")
