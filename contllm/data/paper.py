@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from contllm.data.user import Row
@@ -66,26 +66,33 @@ def _digit_count(row: Row, name: str, value: Any) -> int:
     return value
 
 
+def _converted(rows: Sequence[Row], fields: Sequence[str], convert: Callable[[Row], list[dict[str, Any]]]) -> list[Row]:
+    """``rows`` as they are unless they are in the paper's shape (``fields``); then each becomes the rows ``convert`` gives."""
+    if not in_shape(rows, fields):
+        return list(rows)
+    return [Row(row.path, row.number, new) for row in rows for new in convert(row)]
+
+
 def counting_rows(rows: Sequence[Row]) -> list[Row]:
     """Rows of the project's counting schema (id, word, n, article, category); the paper's converted."""
-    if not in_shape(rows, COUNTING_FIELDS):
-        return list(rows)
+    return _converted(rows, COUNTING_FIELDS, _counting_fields)
+
+
+def _counting_fields(row: Row) -> list[dict[str, Any]]:
+    word = row.get("word")
+    category = row.get("category")
+    article = row.get("category_with_article")
+    counts = row.get("repetitions", (int, list))
+    many = isinstance(counts, list)
+    if many and not counts:
+        raise row.error("is an empty list", "repetitions")
     out = []
-    for row in rows:
-        word = row.get("word")
-        category = row.get("category")
-        article = row.get("category_with_article")
-        counts = row.get("repetitions", (int, list))
-        many = isinstance(counts, list)
-        if many and not counts:
-            raise row.error("is an empty list", "repetitions")
-        for n in counts if many else [counts]:
-            if row.csv and isinstance(n, str) and n.strip().isdigit():
-                n = int(n)
-            n = _digit_count(row, "repetitions", n)
-            item_id = f"count-{row.number:03d}" + (f"-{n}" if many else "")
-            fields = {"id": item_id, "word": word, "n": n, "article": article, "category": category}
-            out.append(Row(row.path, row.number, fields))
+    for n in counts if many else [counts]:
+        if row.csv and isinstance(n, str) and n.strip().isdigit():
+            n = int(n)
+        n = _digit_count(row, "repetitions", n)
+        item_id = f"count-{row.number:03d}" + (f"-{n}" if many else "")
+        out.append({"id": item_id, "word": word, "n": n, "article": article, "category": category})
     return out
 
 
@@ -123,23 +130,21 @@ def parse_passage(text: str) -> tuple[list[str], str, str]:
 
 def events_rows(rows: Sequence[Row]) -> list[Row]:
     """Rows of the project's events schema (id, kind, events, question, answer_prefix, n); the paper's converted."""
-    if not in_shape(rows, EVENTS_FIELDS):
-        return list(rows)
-    out = []
-    for row in rows:
-        text = row.get("sentence")
-        n = _digit_count(row, "num_sentences", row.get("num_sentences", int))
-        try:
-            events, question, prefix = parse_passage(text)
-        except ValueError as err:
-            raise row.error(str(err), "sentence") from None
-        if len(events) != n:
-            how = "lines starting with '- '" if any(_DASH.match(line) for line in text.splitlines()) else "sentences"
-            raise row.error(f"holds {len(events)} events ({how}) but num_sentences is {n}", "sentence")
-        fields = {"id": f"passage-{row.number:03d}", "kind": "passage", "events": events, "question": question,
-                  "answer_prefix": prefix, "n": n}
-        out.append(Row(row.path, row.number, fields))
-    return out
+    return _converted(rows, EVENTS_FIELDS, _events_fields)
+
+
+def _events_fields(row: Row) -> list[dict[str, Any]]:
+    text = row.get("sentence")
+    n = _digit_count(row, "num_sentences", row.get("num_sentences", int))
+    try:
+        events, question, prefix = parse_passage(text)
+    except ValueError as err:
+        raise row.error(str(err), "sentence") from None
+    if len(events) != n:
+        how = "lines starting with '- '" if any(_DASH.match(line) for line in text.splitlines()) else "sentences"
+        raise row.error(f"holds {len(events)} events ({how}) but num_sentences is {n}", "sentence")
+    return [{"id": f"passage-{row.number:03d}", "kind": "passage", "events": events, "question": question,
+             "answer_prefix": prefix, "n": n}]
 
 
 def _whole(row: Row, name: str, value: Any) -> int:
@@ -170,29 +175,27 @@ def _renamed(row: Row, template: str, names: dict[str, str]) -> str:
 
 def sums_rows(rows: Sequence[Row]) -> list[Row]:
     """Rows of the project's sums schema (id, problem, name, first, second, scaled); the paper's converted."""
-    if not in_shape(rows, SUMS_FIELDS):
-        return list(rows)
-    out = []
-    for row in rows:
-        template = row.get("template")
-        values = row.get("fields", dict)
-        numbers = []
-        for key in ("item_1", "item_2"):
-            if values.get(key) is None:
-                raise row.error("missing", f"fields.{key}")
-            numbers.append(_whole(row, f"fields.{key}", values[key]))
-        first, second = numbers
-        name = values.get("name", "")
-        if not isinstance(name, str):
-            raise row.error(f"must be a string, got {name!r}", "fields.name")
-        problem = _renamed(row, template, {"item_1": "first", "item_2": "second", "name": "name"})
-        for field in ("first", "second"):
-            if "{" + field + "}" not in problem:
-                raise row.error(f"has no {{item_{1 if field == 'first' else 2}}} field", "template")
-        shrink = row.get("shrink_1", (bool, int))
-        if shrink not in (True, False, 0, 1):
-            raise row.error(f"must be true or false, got {shrink!r}", "shrink_1")
-        fields = {"id": f"sum-{row.number:03d}", "problem": problem, "name": name or None, "first": first,
-                  "second": second, "scaled": "first" if shrink else "second"}
-        out.append(Row(row.path, row.number, fields))
-    return out
+    return _converted(rows, SUMS_FIELDS, _sums_fields)
+
+
+def _sums_fields(row: Row) -> list[dict[str, Any]]:
+    template = row.get("template")
+    values = row.get("fields", dict)
+    numbers = []
+    for key in ("item_1", "item_2"):
+        if values.get(key) is None:
+            raise row.error("missing", f"fields.{key}")
+        numbers.append(_whole(row, f"fields.{key}", values[key]))
+    first, second = numbers
+    name = values.get("name", "")
+    if not isinstance(name, str):
+        raise row.error(f"must be a string, got {name!r}", "fields.name")
+    problem = _renamed(row, template, {"item_1": "first", "item_2": "second", "name": "name"})
+    for field in ("first", "second"):
+        if "{" + field + "}" not in problem:
+            raise row.error(f"has no {{item_{1 if field == 'first' else 2}}} field", "template")
+    shrink = row.get("shrink_1", (bool, int))
+    if shrink not in (True, False, 0, 1):
+        raise row.error(f"must be true or false, got {shrink!r}", "shrink_1")
+    return [{"id": f"sum-{row.number:03d}", "problem": problem, "name": name or None, "first": first,
+             "second": second, "scaled": "first" if shrink else "second"}]

@@ -235,8 +235,7 @@ class AttributionExperiment(Experiment):
         Option("floor", "float", "Start of the path as a duration factor: 0 deletes the tokens (baseline), else in (0, 1). [default: 0]"),
         Option("first", "int", "Items: the dataset's first N (balanced over category/kind and n); 0 for all. [default: 8]"),
     )
-    engine = True
-    shardable = True
+    engine = shardable = True
     result_type = AttributionResult
     metrics = (
         Metric("max_completeness_error", "lower",
@@ -315,13 +314,15 @@ class AttributionExperiment(Experiment):
         return {"dataset": config.get("dataset"), "tokens": config.get("tokens"), "readout": config.get("readout"),
                 "steps": config.get("steps")}
 
-    def figures(self, result: AttributionResult, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
-        from contllm.attribution import render as figures
+    def summary_figure(self, result: AttributionResult) -> Any:
+        from contllm.attribution import render
 
-        yield "summary", figures.summary_figure(result)
-        if per_item:
-            for r in result.items:
-                yield f"items/{r.item_id}", figures.text_heatmap(r, title=f"{result.model} · {r.item_id} · {r.readout}")
+        return render.summary_figure(result)
+
+    def item_figure(self, result: AttributionResult, record: ItemAttribution) -> Any:
+        from contllm.attribution import render
+
+        return render.text_heatmap(record, title=f"{result.model} · {record.item_id} · {record.readout}")
 
     def documents(self, result: AttributionResult, *, per_item: bool = True) -> Iterator[tuple[str, str]]:
         from contllm.attribution import render as figures

@@ -1,11 +1,14 @@
 """What an experiment declares, so that one runner, the CLI, specs and reports can serve it.
 
-An experiment is one module that defines a subclass of :class:`Experiment` and an
-instance of it named ``EXPERIMENT``; one line in :mod:`contllm.registry` names the
-module. The experiment says what its options and items are and how a model turns its
-items into records, a record list into a result, and a result into a summary and
-figures. Everything else (the run directory, loading the model, the manifest, resume,
-shards over processes, progress, writing files) belongs to :mod:`contllm.runner`.
+An experiment is a subclass of :class:`Experiment` and an instance of it (``EXPERIMENT``),
+named by one ``"module:ATTR"`` line in :mod:`contllm.registry`; CONTRIBUTING.md says where
+each of its parts lives. The experiment says what its options and items are and how a
+model turns its items into records; its result is a :class:`Records` subclass, its
+headline numbers are declared as :class:`Metric` entries, and its figures come from
+:meth:`Experiment.summary_figure` and :meth:`Experiment.item_figure`. Everything else
+(settings, the run directory, loading the model, the manifest, resume, shards over
+processes, progress) belongs to :mod:`contllm.runner`, and every file written to
+:mod:`contllm.outputs`.
 
 Data in, data out: :meth:`Experiment.run` and :meth:`Experiment.result` write nothing;
 :meth:`Experiment.figures` returns matplotlib figures and saves none.
@@ -246,8 +249,24 @@ class Experiment:
         raise NotImplementedError
 
     def figures(self, result: Any, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
-        """(name, matplotlib figure) pairs: "summary" first, then e.g. "items/<id>" (none saved)."""
-        return iter(())
+        """(name, matplotlib figure) pairs, none saved: "summary" (:meth:`summary_figure`), then with
+        ``per_item`` "items/<id>" for each record of a :class:`Records` result (:meth:`item_figure`)."""
+        fig = self.summary_figure(result)
+        if fig is not None:
+            yield "summary", fig
+        if per_item and isinstance(result, Records):
+            for record in result.records:
+                fig = self.item_figure(result, record)
+                if fig is not None:
+                    yield f"items/{record.item_id}", fig  # type: ignore[attr-defined]
+
+    def summary_figure(self, result: Any) -> Any:
+        """The figure across items (None: none)."""
+        return None
+
+    def item_figure(self, result: Any, record: Any) -> Any:
+        """The figure of one item's record (None: none)."""
+        return None
 
     def documents(self, result: Any, *, per_item: bool = True) -> Iterator[tuple[str, str]]:
         """(relative path, text) pairs of extra files to write beside the figures (e.g. "figures/items/<id>.html")."""

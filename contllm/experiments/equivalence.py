@@ -21,7 +21,7 @@ import numpy as np
 from contllm import metrics
 from contllm.data import CountingItem, load_counting
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment, Records, RunContext, Table
+from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
 from contllm.experiments.counting import CountingConfig, render_item
 from contllm.experiments.options import Option
 from contllm.experiments.sweeps import SweepPlan, run_plan, sweep_options, sweep_values
@@ -273,10 +273,14 @@ class EquivalenceExperiment(Experiment):
         Option("max_copies", "int", f"Copies m = 1..N of the word (N <= {MOST_COPIES}). [default: 6]"),
         Option("per_category", "int", "Words per category of the counting dataset (1-10; 13 categories). [default: 1]"),
     )
-    engine = True
-    shardable = True
+    engine = shardable = True
     unit = "word"
     result_type = EquivalenceResult
+    metrics = (
+        Metric("mean_spearman_product", "higher", "rank correlation of E[k] with m·d over the grid, mean over words"),
+        Metric("mean_mae_product", "lower", "mean |E[k] - m·d| over cells with m·d <= max copies, mean over words"),
+        Metric("mean_kl_product", "lower", "mean KL((m, d) || m·d plain copies) over integer cells, mean over words"),
+    )
 
     def items(self, config: EquivalenceConfig) -> Sequence[CountingItem]:
         return select_words(load_counting(), config.per_category)
@@ -309,11 +313,11 @@ class EquivalenceExperiment(Experiment):
         return {"d_min": float(grid.durations.min()), "d_max": float(grid.durations.max()),
                 "samples": len(grid.durations), "max_copies": int(grid.copies.max())}
 
-    def figures(self, result: EquivalenceResult, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
-        yield "summary", summary_figure(result)
-        if per_item:
-            for g in result.grids:
-                yield f"items/{g.item_id}", item_figure(result, g)
+    def summary_figure(self, result: EquivalenceResult) -> Any:
+        return summary_figure(result)
+
+    def item_figure(self, result: EquivalenceResult, record: Grid) -> Any:
+        return item_figure(result, record)
 
     def comparison(self, results: Sequence[tuple[str, EquivalenceResult]]) -> Any:
         return comparison_figure(results)

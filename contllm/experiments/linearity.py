@@ -333,8 +333,7 @@ class LinearityExperiment(Experiment):
         Option("sources", "words", "Comma-separated sources among interpolation,boolean,prompt. [default: all]"),
         Option("top", "int", "Top tokens read at each end of a whole-prompt path. [default: 5]"),
     )
-    engine = True
-    shardable = True
+    engine = shardable = True
     unit = "path"
     result_type = LinearityResult
 
@@ -369,11 +368,11 @@ class LinearityExperiment(Experiment):
         return {"samples": len(result.paths[0].alphas) if result.paths else None,
                 "method": result.config.get("method")}
 
-    def figures(self, result: LinearityResult, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
-        yield "summary", summary_figure(result)
-        if per_item:
-            for p in result.paths:
-                yield f"items/{p.item_id}", item_figure(result, p)
+    def summary_figure(self, result: LinearityResult) -> Any:
+        return summary_figure(result)
+
+    def item_figure(self, result: LinearityResult, record: ReadoutPath) -> Any:
+        return item_figure(result, record)
 
     def comparison(self, results: Sequence[tuple[str, LinearityResult]]) -> Any:
         return comparison_figure([(label, r, self.summary(r)) for label, r in results])

@@ -36,9 +36,9 @@ from contllm.experiments.prompts import Rendered, apply_chat, render
 from contllm.experiments.sweeps import DurationSweepConfig, sweep_options, sweep_values
 from contllm.signal import Signal
 
-#: Worked examples: the problem, then its sum written out. SmolLM2-135M writes the right
-#: sum for about half of the built-in problems with this format, and for none when the
-#: answer follows the question directly (the README has the figures).
+#: Worked examples: the problem, then its sum written out. Small models write the right sum
+#: far more often with this format than when the answer follows the question directly
+#: (measured in the README).
 SHOTS = (
     ("Tom has 12 pens and gets 31 more. How many pens does Tom have now?", 12, 31),
     ("A bakery sold 25 pies in the morning and 34 pies in the afternoon. How many pies did it sell?", 25, 34),
@@ -330,8 +330,7 @@ class SumsExperiment(Experiment):
         *sweep_options("the duration factor c", "0.1,1.5", 8),
         Option("data", "str", data_option_help(DATA_SCHEMA)),
     )
-    engine = True
-    shardable = True
+    engine = shardable = True
     unit = "problem"
     result_type = SumsResult
     metrics = (
@@ -389,11 +388,11 @@ class SumsExperiment(Experiment):
         x, _ = result.common() if result.records else (np.array([np.nan]), [])
         return {"factor_min": float(x.min()), "factor_max": float(x.max()), "samples": len(x)}
 
-    def figures(self, result: SumsResult, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
-        yield "summary", summary_figure(result)
-        if per_item:
-            for r in result.records:
-                yield f"items/{r.item_id}", item_figure(result, r)
+    def summary_figure(self, result: SumsResult) -> Any:
+        return summary_figure(result)
+
+    def item_figure(self, result: SumsResult, record: SumRecord) -> Any:
+        return item_figure(result, record)
 
     def comparison(self, results: Sequence[tuple[str, SumsResult]]) -> Any:
         return comparison_figure(results)

@@ -319,17 +319,10 @@ class SweepExperiment(Experiment):
         """One line saying what an item is, for its figure's title."""
         return sweep.item_id
 
-    def summary_figure(self, result: ExperimentResult) -> Any:
-        """The figure across items."""
-        raise NotImplementedError
-
-    def figures(self, result: ExperimentResult, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
+    def item_figure(self, result: ExperimentResult, record: Sweep) -> Any:
         from contllm.experiments import figures
 
-        yield "summary", self.summary_figure(result)
-        if per_item:
-            for s in result.sweeps:
-                yield f"items/{s.item_id}", figures.item_figure(result, s, self.describe(s), counts=self.counts)
+        return figures.item_figure(result, record, self.describe(record), counts=self.counts)
 
 
 class CountingSweepExperiment(SweepExperiment):

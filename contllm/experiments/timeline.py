@@ -41,47 +41,60 @@ PROMPT_ROWS = "id, prompt (other fields, such as those of tokens, are ignored)"
 
 
 @dataclass
-class ScalingConfig(DataFileOption):
-    """Options of the scaling experiment: s from ``low`` to ``high`` (> 0), ``samples`` values, 1.0 added when inside."""
+class TimelineConfig(DataFileOption):
+    """What the scaling and translation options share: the knob from ``low`` to ``high`` in
+    ``samples`` values (``REFERENCE``, the plain prompt's value, added when inside), the
+    tracking threshold and --data."""
 
-    low: float = 0.01
-    high: float = 1.5
-    samples: int = 30
-    threshold: float = DEFAULT_THRESHOLD
-
-    def __post_init__(self) -> None:
-        if self.low <= 0:
-            raise ExperimentError(
-                f"the scale s must be positive (s = 0 puts every token at one time); the range starts at {self.low:g}"
-            )
-        sweep_values(self.low, self.high, self.samples)
-        check_threshold(self.threshold)
-        self.read_data(lambda path: load_items(path, edits=False))
-
-    def values(self) -> np.ndarray:
-        return sweep_values(self.low, self.high, self.samples)
-
-
-@dataclass
-class TranslationConfig(DataFileOption):
-    """Options of the translation experiment: tau from ``low`` to ``high`` (holding 0, the reference), ``samples`` values."""
+    REFERENCE: ClassVar[float] = 0.0
 
     low: float = 0.0
-    high: float = 10.0
+    high: float = 1.0
     samples: int = 21
     threshold: float = DEFAULT_THRESHOLD
 
     def __post_init__(self) -> None:
+        self.check_range()
+        self.values()
+        check_threshold(self.threshold)
+        self.read_data(lambda path: load_items(path, edits=False))
+
+    def check_range(self) -> None:
+        """ExperimentError for a range the knob cannot take."""
+
+    def values(self) -> np.ndarray:
+        """The knob's values [S]."""
+        return sweep_values(self.low, self.high, self.samples, include=self.REFERENCE)
+
+
+@dataclass
+class ScalingConfig(TimelineConfig):
+    """Options of the scaling experiment: s from ``low`` to ``high`` (> 0), ``samples`` values, 1.0 added when inside."""
+
+    REFERENCE: ClassVar[float] = 1.0
+
+    low: float = 0.01
+    high: float = 1.5
+    samples: int = 30
+
+    def check_range(self) -> None:
+        if self.low <= 0:
+            raise ExperimentError(
+                f"the scale s must be positive (s = 0 puts every token at one time); the range starts at {self.low:g}"
+            )
+
+
+@dataclass
+class TranslationConfig(TimelineConfig):
+    """Options of the translation experiment: tau from ``low`` to ``high`` (holding 0, the reference), ``samples`` values."""
+
+    high: float = 10.0
+
+    def check_range(self) -> None:
         if not self.low <= 0.0 <= self.high:
             raise ExperimentError(
                 f"the tau range {self.low:g},{self.high:g} must hold 0 (the reference every shift is compared with)"
             )
-        sweep_values(self.low, self.high, self.samples, include=0.0)
-        check_threshold(self.threshold)
-        self.read_data(lambda path: load_items(path, edits=False))
-
-    def values(self) -> np.ndarray:
-        return sweep_values(self.low, self.high, self.samples, include=0.0)
 
 
 def scaled(signal: Any, s: float) -> Any:

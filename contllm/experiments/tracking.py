@@ -312,11 +312,11 @@ class TrackingExperiment(Experiment):
     def describe(self, t: Track) -> str:
         return str(t.meta.get("prompt", t.item_id))
 
-    def figures(self, result: TrackResult, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
-        yield "summary", summary_figure(result, self.distance)
-        if per_item:
-            for t in result.tracks:
-                yield f"items/{t.item_id}", item_figure(result, t, self.describe(t))
+    def summary_figure(self, result: TrackResult) -> Any:
+        return summary_figure(result, self.distance)
+
+    def item_figure(self, result: TrackResult, record: Track) -> Any:
+        return item_figure(result, record, self.describe(record))
 
     def comparison(self, results: Sequence[tuple[str, TrackResult]]) -> Any:
         return comparison_figure(results, self.distance)

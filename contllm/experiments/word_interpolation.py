@@ -30,6 +30,7 @@ import numpy as np
 
 from contllm.data.user import DataFileOption, Row, data_option_help, read_rows, unique_ids
 from contllm.errors import ExperimentError, SignalError
+from contllm.experiments.base import Metric
 from contllm.experiments.options import METHOD, Option
 from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
 from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepExperiment, SweepPlan, check_alpha_sweep
@@ -401,6 +402,11 @@ class InterpolationExperiment(SweepExperiment):
         METHOD,
         Option("pairs", "words", "Comma-separated word pairs to keep, e.g. apples-bananas,cats-goldfish. [default: all]"),
         Option("data", "str", data_option_help(DATA_SCHEMA)),
+    )
+    metrics = (
+        Metric("accuracy_at_alpha_0", "higher", "yes/no accuracy (argmax of yes vs no) against the first word's answer"),
+        Metric("accuracy_at_alpha_1", "higher", "the same against the second word's answer, at alpha 1"),
+        Metric("mean_max_jump_yes_share", "lower", "largest change of the yes-share between neighbouring alphas, mean"),
     )
     x_label = "alpha"
 

@@ -79,3 +79,14 @@ def test_an_installed_experiment_is_found_through_its_entry_point(installed: Non
     listing = CliRunner().invoke(app, ["run", "--help"])
     assert listing.exit_code == 0 and "rescaled" in listing.output
     assert "--threshold" in CliRunner().invoke(app, ["run", "rescaled", "--help"]).output
+
+
+def test_every_declared_metric_says_its_direction_and_meaning_once() -> None:
+    from contllm.experiments.base import Metric
+
+    for name in registry.names():
+        declared = registry.get(name).metrics
+        assert len({m.name for m in declared}) == len(declared), name
+        assert all(m.direction in ("higher", "lower") and m.meaning for m in declared), name
+    with pytest.raises(ExperimentError, match="direction must be 'higher' or 'lower'"):
+        Metric("x", "up", "meaning")  # type: ignore[arg-type]
