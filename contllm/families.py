@@ -33,6 +33,7 @@ class Family:
     layers: path of the decoder layers' ModuleList from the causal-LM model.
     norm: path of the norm between the last decoder layer and the vocabulary head.
     attention: name of the self-attention submodule inside one decoder layer.
+    mlp: name of the feed-forward (MLP) submodule inside one decoder layer.
     heads, kv_heads: config attributes of the query and key/value head counts; a family
         without grouped queries has kv_heads None (as many key/value heads as queries).
     notes: quirks worth knowing, shown in docs and errors.
@@ -47,6 +48,7 @@ class Family:
     layers: str = "model.layers"
     norm: str = "model.norm"
     attention: str = "self_attn"
+    mlp: str = "mlp"
     heads: str = "num_attention_heads"
     kv_heads: str | None = "num_key_value_heads"
     notes: str = ""
@@ -191,20 +193,31 @@ def final_norm(model: Any) -> nn.Module:
     return _submodule(net, family.norm, "final norm", family)
 
 
-def attention_modules(model: Any) -> list[nn.Module]:
-    """The self-attention module of each decoder layer, in layer order (one per layer)."""
+def _layer_parts(model: Any, attribute: str, what: str) -> list[nn.Module]:
+    """The submodule named by the family table's ``attribute`` in each decoder layer, in layer order."""
     net = model_of(model)
     family = family_of(net)
+    name = getattr(family, attribute)
     found = []
     for index, layer in enumerate(decoder_layers(net)):
-        module = getattr(layer, family.attention, None)
+        module = getattr(layer, name, None)
         if not isinstance(module, nn.Module):
             raise UnsupportedModelError(
-                f"{family.name}: decoder layer {index} ({type(layer).__name__}) has no attention module "
-                f"{family.attention!r}; its submodules are {', '.join(n for n, _ in layer.named_children())}"
+                f"{family.name}: decoder layer {index} ({type(layer).__name__}) has no {what} module "
+                f"{name!r}; its submodules are {', '.join(n for n, _ in layer.named_children())}"
             )
         found.append(module)
     return found
+
+
+def attention_modules(model: Any) -> list[nn.Module]:
+    """The self-attention module of each decoder layer, in layer order (one per layer)."""
+    return _layer_parts(model, "attention", "attention")
+
+
+def mlp_modules(model: Any) -> list[nn.Module]:
+    """The feed-forward (MLP) module of each decoder layer, in layer order (one per layer)."""
+    return _layer_parts(model, "mlp", "MLP")
 
 
 def head_counts(config: Any) -> tuple[int, int]:

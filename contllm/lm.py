@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from contllm.activations import ActivationCache, run_with_cache
 from contllm.attention import continuous_positions, model_masks
 from contllm.engine import Context, Engine, Positions, check_signals, check_inputs, evaluation
 from contllm.errors import SignalError, UnsupportedModelError
@@ -224,6 +225,23 @@ class ContinuousLM:
         if isinstance(out, list):
             return [torch.softmax(x, dim=-1) for x in out]
         return torch.softmax(out, dim=-1)
+
+    def run_with_cache(
+        self,
+        signals: Signal | Sequence[Signal],
+        *,
+        names: str | Sequence[str] | None = None,
+        positions: Positions = "all",
+    ) -> ActivationCache:
+        """Named activations of one padded forward of ``signals``: :func:`contllm.activations.run_with_cache`.
+
+        names: activation names (``blocks.{i}.hook_resid_post``, ...; None: all);
+        positions: "all", "last", a token index or a list of them. Returns an
+        :class:`~contllm.activations.ActivationCache` (float32 on the CPU, one tensor per
+        signal and name, with each read position's time). The engine's shared prefix is
+        not used for this call.
+        """
+        return run_with_cache(self, signals, names=names, positions=positions)
 
     # ------------------------------------------------------------------ generation
     def generate(self, signal: Signal, max_new_tokens: int = 20, *, stop_at_eos: bool = True) -> Generation:
