@@ -347,10 +347,11 @@ def patch(lm: Any, signals: Signal | Sequence[Signal], patches: Patch | Sequence
     lm: a ContinuousLM; signals: the batch the patched forward runs, in the order
     :func:`run_with_cache` gets it (run ``run_with_cache(lm, signals, ...)`` inside the
     context); patches: one :class:`Patch` or a list. Hooks are registered on entering
-    and removed on exit, also when the body raises. A forward inside the context whose
-    batch is not these signals, left-padded as :func:`run_with_cache` pads them (an
-    ``lm.logits`` call that the engine chunks or shares a prefix for), raises SignalError
-    rather than patching the wrong tokens.
+    and removed on exit, also when the body raises. Positions map to the columns of these
+    signals left-padded as :func:`run_with_cache` pads them; a forward inside the context
+    of another shape (rows x padded width) raises SignalError rather than patching the
+    wrong tokens. ``lm.logits`` goes through the engine, which may chunk, reorder or share
+    a prefix: run the patched forward with :func:`run_with_cache`.
     Raises SignalError for an unknown or pattern name, positions outside a signal, or
     values of the wrong shape.
     """
