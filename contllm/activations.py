@@ -233,9 +233,10 @@ def run_with_cache(
 
     points = [_resolve(lm, name) for name in wanted]
     with ExitStack() as stack:
-        stack.enter_context(evaluation(lm))
+        # Eager first: a half-precision model's float32 state then wraps eager, not the loaded backend.
         if any(p.kind == "pattern" for p in points):
             stack.enter_context(_eager(lm))
+        stack.enter_context(evaluation(lm))
         for point in points:
             stack.enter_context(_reader(point, keep, keep_pattern))
         logits, _ = lm.forward_batch(batch)

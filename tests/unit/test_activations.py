@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -266,3 +268,18 @@ def test_bad_names_positions_and_values_are_signal_errors() -> None:
             pass
     assert hooks(lm.model) == before
     assert len(activation_names(lm)) == 3 * 5 + 1
+
+
+def test_patterns_of_a_bfloat16_sdpa_model_run_eager_inside_its_float32_state() -> None:
+    # The half-precision state wraps the eager function here, so the patterns exist and
+    # the fully masked padding rows stay finite.
+    model = tiny_model("llama", "sdpa")
+    half = ContinuousLM(copy.deepcopy(model).to(torch.bfloat16))
+    signals = [Signal.from_ids(prompt(n, 40 + n), random_durations(n, 40 + n)) for n in (5, 9)]
+    name = "blocks.1.attn.hook_pattern"
+    got = run_with_cache(half, signals, names=name)
+    want = run_with_cache(ContinuousLM(model), signals, names=name)
+    for b in range(len(signals)):
+        assert torch.isfinite(got.rows(name)[b]).all()
+        assert max_diff(got.rows(name)[b], want.rows(name)[b]) <= 0.05  # bfloat16 matmuls
+    assert half.model.config._attn_implementation == "sdpa" and half.attn_implementation == "sdpa"
