@@ -4,16 +4,16 @@ Activation points are named as in TransformerLens, and resolved through the fami
 table (:mod:`contllm.families`: ``layers``, ``attention``, ``mlp``, ``norm``), so every
 supported family speaks the same names:
 
-=================================  ==================================================  ======================
-name                               what                                                 one signal's value
-=================================  ==================================================  ======================
-``blocks.{i}.hook_resid_pre``      the residual stream entering decoder layer i         [k, hidden]
-``blocks.{i}.hook_resid_post``     the residual stream leaving decoder layer i          [k, hidden]
-``blocks.{i}.hook_attn_out``       the output of layer i's attention module             [k, hidden]
-``blocks.{i}.hook_mlp_out``        the output of layer i's MLP module                   [k, hidden]
-``blocks.{i}.attn.hook_pattern``   layer i's attention probabilities over keys          [heads, k, tokens]
-``ln_final.hook_normalized``       the output of the final norm (before the vocabulary)  [k, hidden]
-=================================  ==================================================  ======================
+================================  ===============================================  ==================
+name                              what                                             one signal's value
+================================  ===============================================  ==================
+``blocks.{i}.hook_resid_pre``     the residual stream entering decoder layer i     [k, hidden]
+``blocks.{i}.hook_resid_post``    the residual stream leaving decoder layer i      [k, hidden]
+``blocks.{i}.hook_attn_out``      the output of layer i's attention module         [k, hidden]
+``blocks.{i}.hook_mlp_out``       the output of layer i's MLP module               [k, hidden]
+``blocks.{i}.attn.hook_pattern``  layer i's attention probabilities over keys      [heads, k, tokens]
+``ln_final.hook_normalized``      the final norm's output (before the vocabulary)  [k, hidden]
+================================  ===============================================  ==================
 
 k is the number of read positions of the signal, tokens its length. ``hook_attn_out`` and
 ``hook_mlp_out`` are what the modules return: families that norm them again before the
@@ -34,8 +34,8 @@ signal. Split very large batches yourself.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -225,7 +225,8 @@ def run_with_cache(
     def keep_pattern(name: str, weights: Any, module: nn.Module) -> None:
         if not isinstance(weights, torch.Tensor) or weights.ndim != 4:
             raise UnsupportedModelError(
-                f"{name}: {type(module).__name__} returned no attention probabilities; patterns need the eager attention"
+                f"{name}: {type(module).__name__} returned no attention probabilities; "
+                "patterns need the eager attention"
             )
         stored[name] = [
             weights[b][:, columns[b].to(weights.device), starts[b]:].detach().float().cpu() for b in range(len(items))
@@ -269,7 +270,12 @@ def _eager(lm: Any) -> Iterator[None]:
             lm.attn_implementation = saved
 
 
-def _reader(point: _Point, keep: Any, keep_pattern: Any) -> Any:
+def _reader(
+    point: _Point,
+    keep: Callable[[str, torch.Tensor], None],
+    keep_pattern: Callable[[str, Any, nn.Module], None],
+) -> AbstractContextManager[None]:
+    """The hook context that hands ``point``'s value to ``keep`` (or its probabilities to ``keep_pattern``)."""
     if point.kind == "input":
         return input_hook(point.module, lambda module, args, kwargs: keep(point.name, hidden_of(args, kwargs)))
     if point.kind == "pattern":
@@ -376,17 +382,19 @@ def patch(lm: Any, signals: Signal | Sequence[Signal], patches: Patch | Sequence
         for point, mode, columns, values in planned:
             edit = _editor(point.name, mode, columns, values, (len(batch), batch.width))
             if point.kind == "input":
-                stack.enter_context(
-                    input_hook(point.module, lambda m, a, k, edit=edit: with_hidden(a, k, edit(hidden_of(a, k))))
-                )
+                hook = input_hook(point.module, lambda m, a, k, edit=edit: with_hidden(a, k, edit(hidden_of(a, k))))
             else:
-                stack.enter_context(
-                    output_hook(point.module, lambda m, a, k, o, edit=edit: replace_first_output(o, edit(first_output(o))))
+                hook = output_hook(
+                    point.module, lambda m, a, k, o, edit=edit: replace_first_output(o, edit(first_output(o)))
                 )
+            stack.enter_context(hook)
         yield
 
 
-def _editor(name: str, mode: str, columns: list[torch.Tensor], values: list[torch.Tensor], shape: tuple[int, int]) -> Any:
+def _editor(
+    name: str, mode: str, columns: list[torch.Tensor], values: list[torch.Tensor], shape: tuple[int, int]
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function of the hidden states [batch, width, ...] that writes ``values`` at ``columns`` of each row."""
     def edit(h: torch.Tensor) -> torch.Tensor:
         if tuple(h.shape[:2]) != shape:
             raise SignalError(

@@ -199,7 +199,8 @@ def test_patch_at_one_position_moves_only_later_times() -> None:
 def test_hooks_are_removed_after_an_exception_inside_the_patch() -> None:
     lm = ContinuousLM(tiny_model("qwen2", "eager"))
     signal = Signal.from_ids(prompt(N, 6))
-    names = ["blocks.0.hook_resid_pre", "blocks.1.hook_attn_out", "blocks.2.hook_resid_post", "ln_final.hook_normalized"]
+    names = ["blocks.0.hook_resid_pre", "blocks.1.hook_attn_out", "blocks.2.hook_resid_post",
+             "ln_final.hook_normalized"]
     base = run_with_cache(lm, signal, names=names)
     before = hooks(lm.model)
     patches = [Patch(name, range(N), torch.zeros(N, 64)) for name in names]
