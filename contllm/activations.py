@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from contllm.attention import switched_attention
-from contllm.engine import Positions, check_inputs, check_signals, evaluation, normalize_positions
+from contllm.engine import Positions, check_inputs, check_signals, evaluation, read_indices
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.families import attention_modules, decoder_layers, final_norm, mlp_modules, model_of
 from contllm.hooks import first_output, hidden_of, input_hook, output_hook, replace_first_output, with_hidden
@@ -114,26 +114,6 @@ def _names(lm: Any, names: str | Sequence[str] | None) -> list[str]:
     for name in items:
         _resolve(lm, name)
     return list(dict.fromkeys(items))
-
-
-def _read_indices(signals: Sequence[Signal], positions: Positions) -> list[list[int]]:
-    """Token indices read of each signal, each in [0, len); SignalError for one outside a signal."""
-    positions = normalize_positions(positions)
-    if positions == "last":
-        return [[len(s) - 1] for s in signals]
-    if positions == "all":
-        return [list(range(len(s))) for s in signals]
-    wanted = [positions] if isinstance(positions, int) else list(positions)
-    if not wanted:
-        raise SignalError("positions is an empty list")
-    out = []
-    for s in signals:
-        n = len(s)
-        bad = [p for p in wanted if not -n <= p < n]
-        if bad:
-            raise SignalError(f"position {bad[0]} is outside a signal of {n} tokens (valid: {-n} to {n - 1})")
-        out.append([p % n for p in wanted])
-    return out
 
 
 def _columns(batch: SignalBatch, reads: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -212,7 +192,7 @@ def run_with_cache(
     """
     items = check_signals(signals, single_ok=True)
     wanted = _names(lm, names)
-    reads = _read_indices(items, positions)
+    reads = read_indices(items, positions)
     check_inputs(lm, items, reads)
     batch = pad_signals(items)
     columns = _columns(batch, reads)
@@ -336,7 +316,7 @@ def _patch_rows(item: Patch, signals: Sequence[Signal], hidden: int) -> list[tup
         raise SignalError(f"{item.name}: {len(values)} value tensors for {count} signals")
     out = []
     for b, (s, wanted, v) in enumerate(zip(signals, per_signal, values)):
-        indices = _read_indices([s], wanted)[0] if len(wanted) else []
+        indices = read_indices([s], wanted)[0] if len(wanted) else []
         if not isinstance(v, torch.Tensor) or v.ndim != 2 or v.shape != (len(indices), hidden):
             shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
             raise SignalError(
@@ -425,7 +405,7 @@ def align_positions(source: Signal, target: Signal, positions: Sequence[int] | N
     """
     if not isinstance(source, Signal) or not isinstance(target, Signal):
         raise SignalError("align_positions takes two Signal objects")
-    wanted = list(range(len(target))) if positions is None else _read_indices([target], list(positions))[0]
+    wanted = list(range(len(target))) if positions is None else read_indices([target], list(positions))[0]
     if not wanted:
         return []
     times = source.times.to(torch.float64)

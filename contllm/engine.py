@@ -219,7 +219,7 @@ class Engine:
         """
         items = check_signals(signals)
         positions = normalize_positions(positions)
-        reads = _read_indices(items, positions)
+        reads = read_indices(items, positions)
         check_inputs(self.lm, items, reads)
         stats = EngineStats()
         out: list[Any] = [None] * len(items)
@@ -435,8 +435,12 @@ def _user_stacklevel() -> int:
     return level
 
 
-def _read_indices(signals: list[Signal], positions: Positions) -> list[list[int]]:
-    """The token indices read of each signal, each in [0, len): SignalError for one outside a signal."""
+def read_indices(signals: Sequence[Signal], positions: Positions) -> list[list[int]]:
+    """The token indices read of each signal, each in [0, len): SignalError for one outside a signal.
+
+    positions: "last", "all", an index or a list of indices (negative ones count from each
+    signal's end), as :func:`contllm.signal.normalize_positions` takes them.
+    """
     positions = normalize_positions(positions)
     if positions == "last":
         return [[len(s) - 1] for s in signals]
@@ -448,24 +452,35 @@ def _read_indices(signals: list[Signal], positions: Positions) -> list[list[int]
     out = []
     for s in signals:
         n = len(s)
-        for p in wanted:
-            if not -n <= p < n:
-                raise SignalError(f"position {p} is outside a signal of {n} tokens")
+        bad = [p for p in wanted if not -n <= p < n]
+        if bad:
+            raise SignalError(f"position {bad[0]} is outside a signal of {n} tokens (valid: {-n} to {n - 1})")
         out.append([p % n for p in wanted])
     return out
+
+
+def _recorder(hook: Callable[..., Any]) -> bool:
+    """Whether ``hook`` is transformers' own output recorder.
+
+    A forward with ``output_hidden_states`` or ``output_attentions`` leaves these on the layers
+    for good; they record only while transformers collects outputs, which the engine never
+    asks for, so they read nothing and change nothing here.
+    """
+    return str(getattr(hook, "__module__", "")).startswith("transformers.") and "captur" in str(
+        getattr(hook, "__qualname__", ""))
 
 
 def _prefix_safe(lm: EvaluatedModel) -> bool:
     """Whether a shared prefix gives the same logits as full forwards on ``lm`` as it is now patched.
 
     Not while a forward hook sits on a decoder layer or the final norm (it may read the
-    whole sequence), nor while an attention function other than the model's own (or the
+    whole sequence; transformers' own output recorders excepted, see :func:`_recorder`), nor while an attention function other than the model's own (or the
     float32 state's) is in place: the rows after a shared prefix run the shared-prefix
     attention instead (contllm.pde's row dynamics would be skipped).
     """
     model = lm.model
     modules = [*decoder_layers(model), final_norm(model)]
-    if any(m._forward_hooks or m._forward_pre_hooks for m in modules):
+    if any(not _recorder(hook) for m in modules for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())):
         return False
     own = {getattr(lm, "attn_implementation", None), precision.IMPLEMENTATION}
     return getattr(model.config, "_attn_implementation", None) in own

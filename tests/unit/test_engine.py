@@ -246,3 +246,20 @@ def test_a_hook_on_a_layer_turns_the_prefix_off() -> None:
     assert min(seen) >= BASE
     engine.logits(sweep(4))
     assert engine.last_stats.prefix_lens == (EDIT[0],)
+
+
+def test_transformers_output_recorders_leave_the_prefix_on() -> None:
+    """A stock forward with output_hidden_states leaves transformers' recorder hooks on the layers for good.
+
+    They record only while transformers collects outputs (never in the engine): the prefix
+    stays shared and the logits equal those of a model that never recorded.
+    """
+    lm = lm_for("llama")
+    fresh = Engine(lm).logits(sweep(4))
+    recorded = ContinuousLM(copy.deepcopy(lm.model))
+    recorded.model(torch.tensor([[1, 2, 3]]), output_hidden_states=True, output_attentions=True)
+    assert any(layer._forward_hooks for layer in recorded.model.model.layers)
+    engine = Engine(recorded)
+    got = engine.logits(sweep(4))
+    assert engine.last_stats is not None and engine.last_stats.prefix_lens == (EDIT[0],)
+    assert float((got - fresh).abs().max()) <= 1e-5
