@@ -52,8 +52,10 @@ def test_unit_durations_equal_stock_hidden_states_and_attentions(family: str, im
     layers = len(decoder_layers(lm))
     ids = prompt(N, 1)
     with torch.no_grad():
-        stock = lm.model(ids[None], output_hidden_states=True)
-        eager = tiny_model(family, "eager")(ids[None], output_attentions=True)
+        # On copies: transformers leaves its output recorders on a model it served this way, and the
+        # tiny models are shared with every other test module (test_depth asserts hook-free stacks).
+        stock = copy.deepcopy(lm.model)(ids[None], output_hidden_states=True)
+        eager = copy.deepcopy(tiny_model(family, "eager"))(ids[None], output_attentions=True)
     before = hooks(lm.model)
     # Residual points run the model's own backend; patterns run eager whatever it was loaded with.
     cache = lm.run_with_cache(Signal.from_ids(ids), names=residual_names(layers))
