@@ -24,7 +24,7 @@ def counting_sweep(lm: ContinuousLM, n: int) -> list[Signal]:
 
 def one_by_one(lm: ContinuousLM, signals: list[Signal]) -> torch.Tensor:
     with lm.patched():
-        rows = [lm.forward_batch(pad_signals([s]), logits_to_keep=0)[0][0, -1].float() for s in signals]
+        rows = [lm.forward_batch(pad_signals([s]), logits_to_keep=0)[0][0, -1].float().cpu() for s in signals]
     return torch.softmax(torch.stack(rows), dim=-1)
 
 

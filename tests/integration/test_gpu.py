@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import contllm
-from contllm import ContinuousLM, Signal, pad_signals
+from contllm import ContinuousLM
 from contllm.engine import Engine
+from tests.integration.test_engine_real import counting_sweep, one_by_one
 
 pytestmark = [
     pytest.mark.integration,
@@ -27,22 +28,6 @@ PROMPT = (
     "The old lighthouse keeper climbed the spiral stairs every evening, lit the great lamp, "
     "and watched the ships pass safely through the narrow channel below. One night the"
 )
-COUNTING = '"cat cat" contains 2 words.\n"dog dog dog" contains 3 words.\n"apple apple apple apple" contains '
-
-
-def counting_sweep(lm: ContinuousLM, n: int) -> list[Signal]:
-    base = lm.signal(COUNTING)
-    last_line = COUNTING.rindex('"apple')
-    spans = [s for s in base.find("apple") if s[0] >= last_line]
-    return [base.scale(spans, c) for c in torch.linspace(0.1, 1.0, n).tolist()]
-
-
-def one_by_one(lm: ContinuousLM, signals: list[Signal]) -> torch.Tensor:
-    with lm.patched():
-        rows = [lm.forward_batch(pad_signals([s]), logits_to_keep=0)[0][0, -1].float().cpu() for s in signals]
-    return torch.softmax(torch.stack(rows), dim=-1)
-
-
 @pytest.fixture(scope="module", params=ALIASES)
 def alias(request: pytest.FixtureRequest) -> str:
     return request.param
