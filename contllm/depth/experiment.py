@@ -26,7 +26,7 @@ from contllm.depth.patches import check_alpha
 from contllm.depth.result import DepthResult, PromptDepth
 from contllm.depth.stack import LayerStack, layer_index
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment, RunContext
+from contllm.experiments.base import Experiment, Metric, RunContext
 from contllm.experiments.options import Option, config_dict, parse_floats, parse_ints
 from contllm.families import decoder_layers
 
@@ -284,6 +284,13 @@ class DepthExperiment(Experiment):
     engine = False
     shardable = True  # each prompt is seeded by its place in PROMPTS: any process can take it
     unit = "prompt"
+    metrics = (
+        Metric("half_step_defect_median", "lower",
+               "||two half steps - one full step|| / ||update||, median over layers: how well a layer splits like a flow"),
+        Metric("half_step_kl_all_last", "lower", "KL(every layer split in two || stock) at the last position"),
+        Metric("step_ratio_median", "lower", "||f_l|| / ||h_l||, median over layers and tokens: how small each update is"),
+        Metric("curvature_median", "lower", "||f_(l+1) - f_l|| / ||f_l||, median over layers: how smoothly updates vary"),
+    )
 
     def items(self, config: DepthConfig) -> Sequence[DepthPrompt]:
         return PROMPTS

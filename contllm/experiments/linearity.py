@@ -30,7 +30,7 @@ import torch
 from contllm.errors import ExperimentError, SignalError
 from contllm.experiments import boolean as boolean_exp
 from contllm.experiments import word_interpolation as word_exp
-from contllm.experiments.base import Experiment, Records, RunContext, Table
+from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
 from contllm.experiments.options import METHOD, Option
 from contllm.experiments.sweeps import MAX_SAMPLES, check_method
 from contllm.interpolate import interpolate_spans, mix
@@ -335,6 +335,11 @@ class LinearityExperiment(Experiment):
     )
     engine = shardable = True
     unit = "path"
+    metrics = (
+        Metric("all_mean_max_deviation", "lower", "largest |p(alpha) - chord| over the read-out on the real path, mean over items"),
+        Metric("all_mean_r2", "higher", "R² of the chord against the real path's read-out, mean over items"),
+        Metric("all_mean_max_logit_deviation", "lower", "largest |centred logit - chord| on the real path, mean over items"),
+    )
     result_type = LinearityResult
 
     def items(self, config: LinearityConfig) -> Sequence[LinearityItem]:

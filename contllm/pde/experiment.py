@@ -35,7 +35,7 @@ import torch
 
 from contllm.data import select_items
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment, RunContext, Table
+from contllm.experiments.base import Experiment, Metric, RunContext, Table
 from contllm.experiments.options import Option, config_dict, parse_floats
 from contllm.families import attention_modules, head_counts
 from contllm.files import jsonable
@@ -434,6 +434,12 @@ class PDEExperiment(Experiment):
     engine = False
     unit = "point"
     x_label = "pseudo-time T"
+    metrics = (
+        Metric("delta_aic_shift", "lower",
+               "ΔAIC (power-law minus exponential fit of the attention distance profile), last T minus first: "
+               "negative moves toward power-law decay"),
+        Metric("kl_prompts_at_max_T", "lower", "KL(p_T || p_0) at the prompts' last position at the largest T, mean over prompts"),
+    )
 
     def items(self, config: PDEConfig) -> list[Point]:
         return points(self.check_config(config))

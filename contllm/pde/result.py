@@ -125,6 +125,22 @@ class PDEResult:
         }
         for variant in variants:
             out[variant] = self.table(variant)
+        out.update(self.headline("attention" if "attention" in variants or not variants else variants[0]))
+        return out
+
+    def headline(self, variant: str) -> dict[str, float]:
+        """Scalars of one variant's sweep for reports: the prompts' KL against the stock model at the largest T
+        ("kl_prompts_at_max_T") and how far ΔAIC moves from the first to the last fitted T ("delta_aic_shift",
+        negative: toward power-law decay). A number the sweep cannot give is left out."""
+        if variant not in self.variants():
+            return {}
+        rows = self.table(variant)
+        out: dict[str, float] = {}
+        if rows and rows[-1]["kl_prompts"] is not None:
+            out["kl_prompts_at_max_T"] = float(rows[-1]["kl_prompts"])
+        fitted = [r["delta_aic"] for r in rows if r["delta_aic"] is not None]
+        if len(fitted) >= 2:
+            out["delta_aic_shift"] = float(fitted[-1] - fitted[0])
         return out
 
     # ------------------------------------------------------------------ tables

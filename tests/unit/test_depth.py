@@ -474,6 +474,8 @@ def test_runner_writes_a_depth_run_directory(tmp_path: Path, monkeypatch: pytest
     assert config["options"]["layer"] == [0, -1] and "seed" not in config["options"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["prompts"] == ["a", "b"] and summary["n_layers"] == 3
+    assert set(summary["metrics"]) == {m.name for m in EXPERIMENT.metrics}
+    assert all(np.isfinite(summary[m.name]) for m in EXPERIMENT.metrics)
     assert (out / "results.csv").read_text().splitlines()[0] == "prompt,probe,quantity,target,layer,x,value"
     with pytest.raises(RunDirectoryError, match="already holds files"):
         run_tiny(out, monkeypatch)

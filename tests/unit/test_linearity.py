@@ -165,6 +165,8 @@ def test_a_run_writes_paths_tables_summary_and_figures(full_run: Path) -> None:
     assert summary["items"] == 3 and summary["all_items"] == 3 and summary["prompt_items"] == 1
     for key in ("all_mean_max_deviation", "all_mean_max_deviation_baseline", "boolean_mean_mean_logit_deviation"):
         assert np.isfinite(summary[key])
+    declared = registry.get("linearity").metrics
+    assert set(summary["metrics"]) == {m.name for m in declared} and all(np.isfinite(summary[m.name]) for m in declared)
     assert (full_run / "results.csv").read_text().startswith("item,source,path,alpha,label,probability")
     assert len((full_run / "items.csv").read_text().splitlines()) == 4
     for p in result.paths:

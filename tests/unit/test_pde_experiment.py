@@ -148,6 +148,11 @@ def test_a_run_writes_its_directory(full_run: Path) -> None:
     assert (full_run / "results.csv").read_text() == csv_text(CSV_COLUMNS, result.rows())
     summary = json.loads((full_run / "summary.json").read_text())
     assert "power-law decay" in summary["verdict"] and set(summary["verdicts"]) == {"attention", "hidden"}
+    rows = [r["delta_aic"] for r in summary["attention"] if r["delta_aic"] is not None]
+    assert summary["delta_aic_shift"] == pytest.approx(rows[-1] - rows[0])
+    assert summary["kl_prompts_at_max_T"] == pytest.approx(summary["attention"][-1]["kl_prompts"])
+    assert summary["kl_prompts_at_max_T"] > 0
+    assert set(summary["metrics"]) == {m.name for m in EXPERIMENT.metrics}
     assert json.loads((full_run / "config.json").read_text())["options"]["prompts"] == "2"
 
 

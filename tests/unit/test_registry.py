@@ -88,5 +88,6 @@ def test_every_declared_metric_says_its_direction_and_meaning_once() -> None:
         declared = registry.get(name).metrics
         assert len({m.name for m in declared}) == len(declared), name
         assert all(m.direction in ("higher", "lower") and m.meaning for m in declared), name
+        assert declared, f"{name} declares no metric: contllm report cannot rank its runs"
     with pytest.raises(ExperimentError, match="direction must be 'higher' or 'lower'"):
         Metric("x", "up", "meaning")  # type: ignore[arg-type]
