@@ -22,6 +22,7 @@ from contllm.engine import Context, Engine, Positions, check_signals, check_inpu
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.families import Family, family_of
 from contllm.hooks import cache_keyword, cache_of
+from contllm.interop import ForwardInputs, forward_kwargs
 from contllm.prefix import SharedKeys, shared_attention
 from contllm.signal import Signal, SignalBatch, pad_signals
 
@@ -242,6 +243,16 @@ class ContinuousLM:
         not used for this call.
         """
         return run_with_cache(self, signals, names=names, positions=positions)
+
+    def forward_kwargs(self, signals: Signal | Sequence[Signal]) -> ForwardInputs:
+        """Keyword arguments that run ``signals`` through the stock forward: :func:`contllm.interop.forward_kwargs`.
+
+        ``self.model(**inputs)`` inside ``inputs.context()`` gives this model's logits on the
+        left-padded batch (input embeddings, the continuous-time 4D mask and float position
+        ids); for nnsight, baukit or hooks of one's own. The module docstring of
+        :mod:`contllm.interop` lists the caveats.
+        """
+        return forward_kwargs(self, signals)
 
     # ------------------------------------------------------------------ generation
     def generate(self, signal: Signal, max_new_tokens: int = 20, *, stop_at_eos: bool = True) -> Generation:

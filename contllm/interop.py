@@ -1,0 +1,98 @@
+"""Continuous inputs for other tools: the keyword arguments of a stock Hugging Face forward.
+
+:func:`forward_kwargs` turns signals into what ``model(**inputs)`` takes: input
+embeddings, the continuous-time attention mask (the log-duration bias and the causal
+mask by time, per layer type where the family has windows) and float position ids. Any
+code that calls the stock forward (nnsight, TransformerLens's bridge, baukit, a plain
+``model(...)`` with hooks of one's own) then runs the continuous input::
+
+    inputs = lm.forward_kwargs([signal])
+    with inputs.context():           # learned position tables read at float times
+        out = lm.model(**inputs)     # out.logits[:, -1] equals lm.logits(signal)
+
+Caveats, each one a reason a result can differ from ``lm.logits``:
+
+- Pass all three arguments. Without the mask a forward has no log-duration bias, and with
+  ``attention_mask=None`` transformers treats non-unit position steps as packed sequences.
+- Tools that tokenize or pad themselves must be bypassed: nnsight's ``LanguageModel``
+  pads string and id inputs and builds its own 2D mask; give it these keyword arguments
+  (no positional input), or wrap the model with the generic ``nnsight.NNsight``.
+- The batch is left-padded with zero-duration tokens; read row b's token j at column
+  ``inputs.columns(j)[b]`` (``inputs.batch.pad_left``), never at j itself.
+- The model must use the attention implementation ``lm`` was made for (eager or sdpa);
+  a half-precision model runs in its own dtype here, not in the float32 state contllm's
+  engine keeps between its matmuls, so its logits differ by half-precision rounding.
+- Families with learned positions (GPT-2) need :meth:`ForwardInputs.context` around the
+  forward; rotary families need nothing, and the context does nothing for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from contllm.attention import continuous_positions, model_masks
+from contllm.engine import check_signals
+from contllm.signal import Signal, SignalBatch, pad_signals
+
+__all__ = ["ForwardInputs", "forward_kwargs"]
+
+
+class ForwardInputs(Mapping[str, Any]):
+    """The keyword arguments of a stock forward for a batch of signals: a mapping, so ``model(**inputs)`` works.
+
+    Keys: ``inputs_embeds`` [batch, width, hidden] in the model's dtype on its device;
+    ``attention_mask``, a 4D float mask [batch, 1, width, width] (or a dict of them by
+    layer type for families whose layers slide); ``position_ids``, float32 [batch, width],
+    the times. ``batch`` is the left-padded :class:`~contllm.signal.SignalBatch` behind them.
+    """
+
+    def __init__(self, kwargs: dict[str, Any], batch: SignalBatch, lm: Any) -> None:
+        self._kwargs = kwargs
+        self.batch = batch
+        self._lm = lm
+
+    def __getitem__(self, key: str) -> Any:
+        return self._kwargs[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kwargs)
+
+    def __len__(self) -> int:
+        return len(self._kwargs)
+
+    def context(self) -> AbstractContextManager[None]:
+        """The context the forward must run in: float positions for a learned position table; restored on exit."""
+        return continuous_positions(self._lm.model, self._lm.family)
+
+    def columns(self, index: int) -> torch.Tensor:
+        """The padded column of token ``index`` (negative: from each signal's end) in every row: long [batch]."""
+        lengths = self.batch.lengths.to(torch.long)
+        pad = self.batch.pad_left.to(torch.long)
+        return pad + (index if index >= 0 else lengths + index)
+
+
+def forward_kwargs(lm: Any, signals: Signal | Sequence[Signal]) -> ForwardInputs:
+    """The keyword arguments that run ``signals`` through ``lm.model``'s own forward (see the module docstring).
+
+    lm: a ContinuousLM; signals: one Signal or a list (padded on the left with
+    zero-duration tokens). Raises SignalError for anything but signals, token ids outside
+    the vocabulary or embeddings of the wrong width.
+    """
+    items = check_signals(signals, single_ok=True)
+    batch = pad_signals(items)
+    with torch.no_grad():
+        embeds = lm._inputs_embeds(batch)
+    # Eager adds the mask in float32; sdpa wants it in the query's dtype.
+    mask_dtype = torch.float32 if lm.attn_implementation == "eager" else lm.dtype
+    mask = model_masks(lm.family, lm.model.config, batch.times, batch.times, batch.durations,
+                       dtype=mask_dtype, device=lm.device)
+    kwargs = {
+        "inputs_embeds": embeds,
+        "attention_mask": mask,
+        "position_ids": batch.times.to(device=lm.device, dtype=torch.float32),
+    }
+    return ForwardInputs(kwargs, batch, lm)
