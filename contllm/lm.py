@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,24 +17,16 @@ from transformers import DynamicCache
 
 from contllm.activations import ActivationCache, run_with_cache
 from contllm.attention import continuous_positions, model_masks
-from contllm.engine import Context, Engine, Positions, check_signals, check_inputs, evaluation
+from contllm.engine import Context, Engine, Positions, check_signals
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.families import Family, family_of
+from contllm.generation import Duration, Generation, generate
 from contllm.hooks import cache_keyword, cache_of
 from contllm.interop import ForwardInputs, forward_kwargs
 from contllm.prefix import SharedKeys, shared_attention
-from contllm.signal import Signal, SignalBatch, pad_signals
+from contllm.signal import Signal, SignalBatch
 
 __all__ = ["Context", "ContinuousLM", "Generation", "Positions", "wrap"]
-
-
-@dataclass
-class Generation:
-    """Greedy continuation of a continuous prompt."""
-
-    token_ids: list[int]
-    text: str | None
-    signal: Signal  # the prompt followed by the generated tokens (duration 1 each)
 
 
 class ContinuousLM:
@@ -255,55 +246,34 @@ class ContinuousLM:
         return forward_kwargs(self, signals)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, signal: Signal, max_new_tokens: int = 20, *, stop_at_eos: bool = True) -> Generation:
-        """Greedy continuation of ``signal``: each new token has duration 1, one time step after the last.
+    def generate(
+        self,
+        signals: Signal | Sequence[Signal],
+        max_new_tokens: int = 20,
+        *,
+        duration: Duration = 1.0,
+        sample: bool = False,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        stop_at_eos: bool = True,
+        probs: int | str | None = None,
+        activations: str | Sequence[str] | None = None,
+    ) -> Generation | list[Generation]:
+        """Continue ``signals`` through the KV cache, each new token lasting ``duration``: :func:`contllm.generation.generate`.
 
-        The prompt goes through the model once; each step then reuses the KV cache. The
-        prompt is checked as :meth:`logits` checks it (its last position must see a token
-        of positive duration).
+        A single Signal gives one :class:`~contllm.generation.Generation`, a list a list.
+        Greedy by default; ``sample=True`` draws with temperature, top_k, top_p and seed.
+        stop, stop_at_eos end a row; probs asks for each step's top-k or "full"
+        distribution, activations for named activations per step. max_new_tokens is at
+        most :data:`contllm.generation.MAX_NEW_TOKENS`.
         """
-        if not isinstance(signal, Signal):
-            raise SignalError(f"signal must be a Signal, got {type(signal).__name__}; build one with lm.signal(text)")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise SignalError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        check_inputs(self, [signal], [[len(signal) - 1]])
-        eos = self._eos_ids() if stop_at_eos else set()
-        new_ids: list[int] = []
-        time = signal.end
-        # The engine's context: a half-precision model decodes with the state that logits() reads.
-        with evaluation(self):
-            logits, context = self.forward_batch(pad_signals([signal]), logits_to_keep=1, use_cache=True)
-            for _ in range(max_new_tokens):
-                token = int(logits[0, -1].argmax())
-                new_ids.append(token)
-                if token in eos or len(new_ids) == max_new_tokens:
-                    break
-                time += 1.0
-                step = pad_signals([Signal.from_ids([token], times=[time])])
-                logits, context = self.forward_batch(step, logits_to_keep=1, context=context)
-        extended = _append_tokens(signal, new_ids)
-        text = self.tokenizer.decode(new_ids) if self.tokenizer is not None else None
-        return Generation(new_ids, text, extended)
-
-    def _eos_ids(self) -> set[int]:
-        config = getattr(self.model, "generation_config", None)
-        eos = getattr(config, "eos_token_id", None)
-        if eos is None:
-            eos = getattr(self.model.config, "eos_token_id", None)
-        if eos is None:
-            return set()
-        return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
-
-
-def _append_tokens(signal: Signal, token_ids: list[int]) -> Signal:
-    """``signal`` followed by ``token_ids`` of duration 1, one step apart after its end."""
-    if not token_ids or signal.token_ids is None or signal.embeds is not None:
-        return signal
-    k = len(token_ids)
-    ids = torch.cat([signal.token_ids, torch.tensor(token_ids, dtype=torch.long)])
-    durations = torch.cat([signal.durations, torch.ones(k, dtype=torch.float64)])
-    times = torch.cat([signal.times, signal.end + torch.arange(1, k + 1, dtype=torch.float64)])
-    return Signal.from_ids(ids, durations, times=times)
+        return generate(
+            self, signals, max_new_tokens, duration=duration, sample=sample, temperature=temperature, top_k=top_k,
+            top_p=top_p, seed=seed, stop=stop, stop_at_eos=stop_at_eos, probs=probs, activations=activations,
+        )
 
 
 def wrap(model: Any, tokenizer: Any = None, info: Any = None) -> ContinuousLM:

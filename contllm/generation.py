@@ -1,0 +1,377 @@
+"""Generation in continuous time: continue a batch of signals, each new token held for a chosen duration.
+
+:func:`generate` continues every signal of a batch through the KV cache: the prompts go
+through the model once (left-padded with zero-duration tokens, which no other token
+sees), then each step feeds one token per row. Token k of a continuation gets a
+duration d_k and sits at time t_k = t_{k-1} + d_k (t_{-1}: the prompt's last time), the
+same rule a signal's durations and times follow; with every d_k = 1 this is the stock
+model's decoding. The next token is the argmax of the logits (greedy) or a draw from
+them after temperature, top-k and top-p (``sample=True``), from a generator seeded per
+row, so that a seed reproduces a continuation.
+
+``duration`` says how long each generated token lasts:
+
+- a number (1.0: the stock model's tempo; 0.5: tokens at half length, twice as fast);
+- a list of at least ``max_new_tokens`` numbers, one per step;
+- a function of the step, ``f(step) -> float``, or of the step and the tokens generated
+  so far in that row (the one being timed included), ``f(step, token_ids) -> float``:
+  ``lambda k, ids: 2.0 if "," in tokenizer.decode(ids[:-1]) else 1.0`` slows down after
+  a comma.
+
+A row ends after an EOS token (with ``stop_at_eos``), after the token that completes one
+of ``stop`` strings (the token and the string stay in the output), or after
+``max_new_tokens`` tokens, at most :data:`MAX_NEW_TOKENS`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from contllm.activations import ActivationCache, activation_names, run_with_cache
+from contllm.engine import check_inputs, check_signals, evaluation
+from contllm.errors import SignalError
+from contllm.signal import Signal, pad_signals
+
+__all__ = ["MAX_NEW_TOKENS", "Generation", "Step", "generate"]
+
+#: Most tokens one call may generate per signal: a KV cache of this many steps stays a few
+#: hundred MB on the embedded models, and a loop past it is a mistake rather than a wish.
+MAX_NEW_TOKENS = 4096
+
+Duration = float | Sequence[float] | Callable[..., float]
+
+
+@dataclass
+class Step:
+    """One generated token.
+
+    token_id: the token; text: its decoded piece (None without a tokenizer).
+    time, duration: where the token sits in the continued signal.
+    probability: the model's probability of this token (softmax of the raw logits, before
+        temperature, top-k or top-p).
+    top: the ``probs`` most likely tokens as (token id, probability), when asked for an int.
+    distribution: float32 [vocab], the whole distribution, when asked for "full".
+    """
+
+    token_id: int
+    text: str | None
+    time: float
+    duration: float
+    probability: float
+    top: list[tuple[int, float]] | None = None
+    distribution: torch.Tensor | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (the full distribution as a list when there is one)."""
+        out: dict[str, Any] = {"token_id": self.token_id, "text": self.text, "time": self.time,
+                               "duration": self.duration, "probability": self.probability}
+        if self.top is not None:
+            out["top"] = [[i, p] for i, p in self.top]
+        if self.distribution is not None:
+            out["distribution"] = self.distribution.tolist()
+        return out
+
+
+@dataclass
+class Generation:
+    """The continuation of one signal.
+
+    token_ids: the generated tokens; text: their decoded text (None without a tokenizer).
+    signal: the prompt followed by the generated tokens at their durations and times.
+    steps: one :class:`Step` per generated token.
+    stopped: "eos", "stop" (a stop string), "length" (max_new_tokens) or "none" (no token asked for).
+    activations: with ``activations=``, the named activations at the position each step
+        was read from (the prompt's last token for step 0, generated token k-1 for step k).
+    """
+
+    token_ids: list[int]
+    text: str | None
+    signal: Signal
+    steps: list[Step] = field(default_factory=list)
+    stopped: str = "length"
+    activations: ActivationCache | None = None
+
+
+def eos_ids(model: Any) -> set[int]:
+    """The model's end-of-sequence token ids (generation config first, then the model config)."""
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+# ---------------------------------------------------------------------- argument checks
+def _number(value: Any, name: str, *, low: float | None = None, positive: bool = False) -> float:
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float)) and not (
+        isinstance(value, torch.Tensor) and value.ndim == 0
+    ):
+        raise SignalError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or (positive and number <= 0) or (low is not None and number < low):
+        bound = "> 0" if positive else f">= {low:g}"
+        raise SignalError(f"{name} must be finite and {bound}, got {value!r}")
+    return number
+
+
+def check_max_new_tokens(value: Any) -> int:
+    """``value`` as a count of new tokens in [0, MAX_NEW_TOKENS]; SignalError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SignalError(f"max_new_tokens must be an integer >= 0, got {value!r}")
+    if value > MAX_NEW_TOKENS:
+        raise SignalError(
+            f"max_new_tokens is {value}, more than contllm.generation.MAX_NEW_TOKENS = {MAX_NEW_TOKENS}; "
+            "generate in several calls, continuing from Generation.signal"
+        )
+    return value
+
+
+def _duration_rule(duration: Duration, steps: int) -> Callable[[int, list[int]], float]:
+    """``duration`` as a function (step, token ids so far) -> checked duration."""
+    if callable(duration):
+        try:
+            takes = len(inspect.signature(duration).parameters)
+        except (TypeError, ValueError):
+            takes = 1
+        if takes not in (1, 2):
+            raise SignalError(f"a duration function takes (step) or (step, token_ids), this one takes {takes} arguments")
+
+        def call(step: int, ids: list[int]) -> float:
+            value = duration(step, list(ids)) if takes == 2 else duration(step)
+            return _number(value, f"the duration of step {step}", low=0.0)
+
+        return call
+    if isinstance(duration, (list, tuple, torch.Tensor)):
+        values = [_number(v, f"duration[{i}]", low=0.0) for i, v in enumerate(duration)]
+        if len(values) < steps:
+            raise SignalError(f"duration lists {len(values)} values for max_new_tokens = {steps}; give one per step")
+        return lambda step, ids: values[step]
+    fixed = _number(duration, "duration", low=0.0)
+    return lambda step, ids: fixed
+
+
+@dataclass(frozen=True)
+class _Sampler:
+    sample: bool
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+
+    def pick(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
+        """The next token from one row's logits [vocab]."""
+        if not self.sample:
+            return int(logits.argmax())
+        scores = logits.float().cpu() / self.temperature
+        if self.top_k is not None and self.top_k < scores.numel():
+            kth = torch.topk(scores, self.top_k).values[-1]
+            scores = scores.masked_fill(scores < kth, -math.inf)
+        if self.top_p is not None and self.top_p < 1.0:
+            ordered, order = torch.sort(scores, descending=True)
+            before = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1) - torch.softmax(ordered, dim=-1)
+            drop = torch.zeros_like(scores, dtype=torch.bool)
+            drop[order] = before >= self.top_p  # the most likely token is always kept (before = 0)
+            scores = scores.masked_fill(drop, -math.inf)
+        return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
+
+
+def _sampler(sample: Any, temperature: Any, top_k: Any, top_p: Any, seed: Any) -> _Sampler:
+    if not isinstance(sample, bool):
+        raise SignalError(f"sample must be True or False, got {sample!r}")
+    given = [n for n, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("seed", seed)) if v is not None]
+    if given and not sample:
+        raise SignalError(f"{', '.join(given)} only apply when sampling; pass sample=True (greedy takes none)")
+    t = 1.0 if temperature is None else _number(temperature, "temperature", positive=True)
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise SignalError(f"top_k must be an integer >= 1, got {top_k!r}")
+    p = None if top_p is None else _number(top_p, "top_p", positive=True)
+    if p is not None and p > 1:
+        raise SignalError(f"top_p must lie in (0, 1], got {top_p!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise SignalError(f"seed must be an integer >= 0, got {seed!r}")
+    return _Sampler(sample, t, top_k, p)
+
+
+def _probs_request(probs: Any, vocab: int) -> int | str | None:
+    if probs is None or probs == "full":
+        return probs
+    if isinstance(probs, bool) or not isinstance(probs, int) or probs < 1:
+        raise SignalError(f"probs must be None, 'full' or a number of top tokens >= 1, got {probs!r}")
+    return min(probs, vocab)
+
+
+def _stop_strings(stop: Any, tokenizer: Any) -> list[str]:
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
+        raise SignalError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+    if items and tokenizer is None:
+        raise SignalError("stop strings need a tokenizer to decode the continuation; this model has none")
+    return list(items)
+
+
+def _check_names(lm: Any, names: Any) -> None:
+    items = [names] if isinstance(names, str) else names
+    known = activation_names(lm)
+    if not isinstance(items, (list, tuple)) or not items or any(n not in known for n in items):
+        raise SignalError(
+            f"activations must be activation names or a list of them, got {names!r}; "
+            f"this model's names run from {known[0]} to {known[-1]} (contllm.activations.activation_names)"
+        )
+
+
+# ---------------------------------------------------------------------- generation
+def generate(
+    lm: Any,
+    signals: Signal | Sequence[Signal],
+    max_new_tokens: int = 20,
+    *,
+    duration: Duration = 1.0,
+    sample: bool = False,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_at_eos: bool = True,
+    probs: int | str | None = None,
+    activations: str | Sequence[str] | None = None,
+) -> Generation | list[Generation]:
+    """Continue each signal by up to ``max_new_tokens`` tokens; a single Signal gives one Generation, a list a list.
+
+    lm: a ContinuousLM. max_new_tokens: 0 to :data:`MAX_NEW_TOKENS`.
+    duration: each generated token's duration (see the module docstring).
+    sample: False for greedy; True draws with ``temperature`` (> 0), ``top_k`` (>= 1),
+        ``top_p`` (in (0, 1]) and ``seed``: row i of the batch draws from a generator
+        seeded with seed + i (None: a fresh seed), so row i of a batch equals the same
+        signal generated alone with seed + i.
+    stop: strings that end a row once its text contains one. stop_at_eos: end a row at
+        the model's EOS token.
+    probs: None, k (each step's k most likely tokens) or "full" (each step's whole
+        distribution), on :class:`Step`.
+    activations: activation names of :mod:`contllm.activations`, read at each step's
+        position in one extra forward of the continued signal.
+    Raises SignalError for a bad argument (before the model runs) or a prompt ``lm.logits`` would refuse.
+    """
+    single = isinstance(signals, Signal)
+    if not single and not isinstance(signals, (list, tuple)):
+        raise SignalError(f"signal must be a Signal or a list of them, got {type(signals).__name__}; build one with lm.signal(text)")
+    items = check_signals(signals, single_ok=True)
+    steps = check_max_new_tokens(max_new_tokens)
+    if not isinstance(stop_at_eos, bool):
+        raise SignalError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
+    rule = _duration_rule(duration, steps)
+    sampler = _sampler(sample, temperature, top_k, top_p, seed)
+    vocab = int(lm.model.get_input_embeddings().weight.shape[0])
+    wanted = _probs_request(probs, vocab)
+    stops = _stop_strings(stop, lm.tokenizer)
+    if activations is not None:
+        _check_names(lm, activations)
+    check_inputs(lm, items, [[len(s) - 1] for s in items])
+
+    rows = len(items)
+    if sampler.sample:
+        base = int(torch.randint(0, 2**31 - 1, ())) if seed is None else seed
+        generators: list[torch.Generator | None] = [torch.Generator().manual_seed(base + i) for i in range(rows)]
+    else:
+        generators = [None] * rows
+    eos = eos_ids(lm.model) if stop_at_eos else set()
+    new_ids: list[list[int]] = [[] for _ in items]
+    records: list[list[Step]] = [[] for _ in items]
+    stopped = ["length" if steps else "none"] * rows
+    live = [steps > 0] * rows
+    times = [s.end for s in items]
+    with evaluation(lm):
+        logits, context = lm.forward_batch(pad_signals(items), logits_to_keep=1, use_cache=True)
+        for k in range(steps):
+            ids_in, times_in, durations_in = [], [], []
+            last = logits[:, -1]
+            for r in range(rows):
+                if not live[r]:  # a finished row rides along as an invisible (duration 0) token
+                    ids_in.append(new_ids[r][-1] if new_ids[r] else 0)
+                    times_in.append(times[r])
+                    durations_in.append(0.0)
+                    continue
+                token = sampler.pick(last[r], generators[r])
+                new_ids[r].append(token)
+                d = rule(k, new_ids[r])
+                times[r] += d
+                records[r].append(_step(lm, last[r], token, times[r], d, wanted))
+                ids_in.append(token)
+                times_in.append(times[r])
+                durations_in.append(d)
+                why = _ended(lm, new_ids[r], eos, stops)
+                if why:
+                    live[r], stopped[r] = False, why
+            if not any(live) or k == steps - 1:
+                break
+            step = pad_signals([Signal.from_ids([i], [d], times=[t]) for i, d, t in zip(ids_in, durations_in, times_in)])
+            logits, context = lm.forward_batch(step, logits_to_keep=1, context=context)
+    out = []
+    for r, s in enumerate(items):
+        extended = continued(lm, s, records[r])
+        cache = None
+        if activations is not None and records[r]:
+            reads = list(range(len(s) - 1, len(s) - 1 + len(records[r])))
+            cache = run_with_cache(lm, extended, names=activations, positions=reads)
+        text = lm.tokenizer.decode(new_ids[r]) if lm.tokenizer is not None else None
+        out.append(Generation(new_ids[r], text, extended, records[r], stopped[r], cache))
+    return out[0] if single else out
+
+
+def _step(lm: Any, logits: torch.Tensor, token: int, time: float, duration: float, wanted: int | str | None) -> Step:
+    dist = torch.softmax(logits.float().cpu(), dim=-1)
+    piece = lm.tokenizer.decode([token]) if lm.tokenizer is not None else None
+    top = None
+    if isinstance(wanted, int):
+        values, indices = torch.topk(dist, wanted)
+        top = [(int(i), float(v)) for i, v in zip(indices, values)]
+    full = dist if wanted == "full" else None
+    return Step(token, piece, time, duration, float(dist[token]), top, full)
+
+
+def _ended(lm: Any, ids: list[int], eos: set[int], stops: list[str]) -> str | None:
+    if ids[-1] in eos:
+        return "eos"
+    if stops:
+        text = lm.tokenizer.decode(ids)
+        if any(s in text for s in stops):
+            return "stop"
+    return None
+
+
+def continued(lm: Any, signal: Signal, steps: Sequence[Step]) -> Signal:
+    """``signal`` followed by the tokens of ``steps`` at their durations and times (explicit times).
+
+    Given embeddings are extended with the model's embeddings of the new tokens; the text
+    and character offsets grow by the decoded continuation, so edits by character span
+    still address the new tokens.
+    """
+    if not steps:
+        return signal
+    new = torch.tensor([s.token_id for s in steps], dtype=torch.long)
+    ids = None if signal.token_ids is None else torch.cat([signal.token_ids, new])
+    embeds = None
+    if signal.embeds is not None:
+        with torch.inference_mode():
+            extra = lm.model.get_input_embeddings()(new.to(lm.device))
+        embeds = torch.cat([signal.embeds, extra.to(device=signal.embeds.device, dtype=signal.embeds.dtype)])
+    durations = torch.cat([signal.durations, torch.tensor([s.duration for s in steps], dtype=torch.float64)])
+    times = torch.cat([signal.times, torch.tensor([s.time for s in steps], dtype=torch.float64)])
+    text, offsets = None, None
+    if signal.text is not None and signal.offsets is not None and lm.tokenizer is not None:
+        base, pieces = len(signal.text), [0]
+        for k in range(1, len(steps) + 1):
+            pieces.append(max(pieces[-1], len(lm.tokenizer.decode(new[:k].tolist()))))
+        text = signal.text + lm.tokenizer.decode(new.tolist())
+        offsets = signal.offsets + tuple((base + a, base + b) for a, b in itertools.pairwise(pieces))
+    return Signal(durations=durations, token_ids=ids, embeds=embeds, explicit_times=times, text=text, offsets=offsets)
