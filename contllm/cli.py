@@ -31,9 +31,13 @@ def _fail(message: str, code: int = 2, exit_with: Exit = click.exceptions.Exit) 
     click.echo(f"error: {message}", err=True)
     raise exit_with(code)
 
+#: Longest error line the command line prints.
+MAX_ERROR = 400
 
 def _guarded(work: Callable[[], Any], exit_with: Exit = click.exceptions.Exit) -> Any:
     """``work()``, with the toolkit's errors as one line and exit status 2, Ctrl-C as status 130."""
+    if len(message) > MAX_ERROR:  # a value typed at great length is quoted, not echoed whole
+        message = f"{message[:MAX_ERROR - 40]}... ({len(message)} characters)"
     try:
         return work()
     except ContllmError as exc:
@@ -148,7 +152,7 @@ def spec_command(path: str) -> click.Command:
     return _OneLineCommand(
         path,
         params=[
-            click.Option(["--out", "-o"], type=click.Path(path_type=Path), default=None,
+            click.Option(["--out", "-o"], type=click.Path(), default=None,
                          help="Root of the run directories. [default: the spec's out]"),
             click.Option(["--resume"], is_flag=True, help="Continue every run of the spec."),
             click.Option(["--force"], is_flag=True, help="Replace every run of the spec."),

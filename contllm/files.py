@@ -7,19 +7,55 @@ one, never half of one, and two processes never share a temporary name.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import csv
 import io
 import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from contllm.errors import RunDirectoryError
+
+_MODE: list[int] = []
+_WRITTEN: contextvars.ContextVar[list[Path] | None] = contextvars.ContextVar("contllm_written", default=None)
+
+
+@contextlib.contextmanager
+def recording_writes() -> Iterator[list[Path]]:
+    """A list that collects the path of every file the toolkit's writers finish while the context lasts."""
+    written: list[Path] = []
+    token = _WRITTEN.set(written)
+    try:
+        yield written
+    finally:
+        _WRITTEN.reset(token)
+
+
+def note_written(path: Path) -> None:
+    """Add ``path`` to the list of :func:`recording_writes`, when one is open."""
+    written = _WRITTEN.get()
+    if written is not None:
+        written.append(Path(path))
+
+
+def file_mode() -> int:
+    """The mode a new file gets by the process's umask (0644 under the usual 022), for files made through a temporary name.
+
+    A temporary file is created private (0600); a run's files get the mode any other new
+    file would, so a run directory shared with others reads as the user's umask says.
+    """
+    if not _MODE:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        _MODE.append(0o666 & ~mask)
+    return _MODE[0]
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -28,6 +64,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -36,6 +73,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    note_written(path)
     return path
 
 
@@ -64,13 +102,50 @@ def atomic_write_json(path: str | Path, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(jsonable(data), indent=1) + "\n")
 
 
-def read_json(path: str | Path) -> Any:
-    """The JSON value in ``path``; RunDirectoryError naming the file when it cannot be read."""
+#: Deepest nesting of lists and objects a JSON file may hold. The toolkit's own files nest
+#: a few levels; a deeper one is refused, so that nothing downstream recurses without bound.
+MAX_JSON_DEPTH = 100
+
+
+def parse_json(text: str | bytes, what: str, error: type[Exception] = RunDirectoryError) -> Any:
+    """The JSON value in ``text``; ``error`` (a toolkit error type) naming ``what`` when it is not valid JSON.
+
+    Nesting deeper than :data:`MAX_JSON_DEPTH`, numbers past Python's digit limit and
+    anything the parser cannot take are one error, never a RecursionError or a traceback.
+    """
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise error(f"{what}: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
+    except ValueError as exc:  # JSONDecodeError, an integer past the digit limit, bad UTF-8 in bytes
+        message = getattr(exc, "msg", None) or str(exc)
+        raise error(f"{what}: not valid JSON ({message[:200]})") from None
+    if _too_deep(value):
+        raise error(f"{what}: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+    return value
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether ``value`` nests lists and objects deeper than :data:`MAX_JSON_DEPTH` (without recursing)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (list, dict)):
+            if depth > MAX_JSON_DEPTH:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
+
+
+def read_json(path: str | Path, error: type[Exception] = RunDirectoryError) -> Any:
+    """The JSON value in the file ``path``; ``error`` naming the file when it cannot be read or parsed (see :func:`parse_json`)."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunDirectoryError(f"cannot read {path}: {exc}") from None
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise error(f"cannot read {path}: {reason}") from None
+    return parse_json(text, f"cannot read {path}", error)
 
 
 def csv_text(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> str:

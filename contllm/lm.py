@@ -29,6 +29,23 @@ from contllm.signal import Signal, SignalBatch
 __all__ = ["Context", "ContinuousLM", "Generation", "Positions", "wrap"]
 
 
+def _check_model(model: Any) -> None:
+    """UnsupportedModelError unless ``model`` is a loaded transformers model (a module with a config and weights on a device)."""
+    if isinstance(model, (str, bytes)):
+        raise UnsupportedModelError(
+            f"ContinuousLM takes a loaded model, got the name {str(model)[:80]!r}; load one with contllm.load({str(model)[:80]!r})"
+        )
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config") or not hasattr(model, "get_input_embeddings"):
+        raise UnsupportedModelError(
+            f"ContinuousLM takes a transformers causal LM (a torch module with a config), got {type(model).__name__}; "
+            "load one with contllm.load(...) or AutoModelForCausalLM.from_pretrained(...)"
+        )
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise UnsupportedModelError(
+            "the model's weights are on the meta device (not loaded); load it on 'cpu' or a GPU, without offloading"
+        )
+
+
 class ContinuousLM:
     """A stock causal LM and its tokenizer, evaluated on continuous signals.
 
@@ -42,6 +59,7 @@ class ContinuousLM:
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, info: Any = None) -> None:
+        _check_model(model)
         self.model = model
         self.tokenizer = tokenizer
         self.info = info

@@ -14,6 +14,8 @@ from typing import Any
 
 import matplotlib
 
+from contllm.files import file_mode, note_written
+
 if not os.environ.get("DISPLAY") and "MPLBACKEND" not in os.environ:
     matplotlib.use("Agg")
 
@@ -37,8 +39,10 @@ def save_figure(fig: Any, stem: str | Path, *, close: bool = True) -> list[Path]
             fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".tmp{ext}", dir=final.parent)
             os.close(fd)
             try:
+                os.chmod(tmp, file_mode())  # the mode of any new file, not the temporary file's 0600
                 fig.savefig(tmp, dpi=dpi, format=ext[1:])
                 os.replace(tmp, final)
+                note_written(final)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise

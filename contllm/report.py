@@ -16,7 +16,6 @@ ranks the runs by each declared metric. Only runs of one experiment can be compa
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from typing import Any
 
 from contllm import registry
 from contllm.errors import ContllmError, RunDirectoryError
-from contllm.files import atomic_write_text, csv_text
+from contllm.files import atomic_write_text, csv_text, parse_json
 from contllm.runs import CONFIG, MANIFEST
 
 RESULTS = "results.json"
@@ -55,8 +54,8 @@ class Run:
 
 def _read(path: Path, run: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return parse_json(path.read_text(encoding="utf-8"), f"{run}: cannot read {path.name}")
+    except (OSError, UnicodeDecodeError) as exc:
         raise RunDirectoryError(f"{run}: cannot read {path.name} ({exc})") from None
 
 

@@ -227,6 +227,12 @@ def run(
     settings = plan.settings
     procs = start_processes(device, device_map=settings.device_map)
     echo = plan.say if procs.is_main else _quiet
+    if out is not None and (not isinstance(out, (str, Path)) or not str(out).strip()):
+        raise RunDirectoryError(f"the run directory (--out) must be a path, got {out!r}")
+    if lm is None and settings.device_map is None:
+        from contllm.models.load import resolve_device
+
+        resolve_device(device)  # a device that cannot hold the model is refused before anything loads
     # The default name holds the time, which the processes must agree on.
     out = Path(procs.broadcast(str(out if out is not None else default_out(name, plan.model))))
     run_dir = RunDir(out, plan.resolved, resume=resume, force=force)
@@ -280,7 +286,8 @@ class _Execution:
                 return run_dir.path
         else:
             result = self.compute(done)
-        summary = save(result, run_dir.path, item_figures=plan.settings.item_figures, name=plan.name)
+        summary = run_dir.write_outputs(
+            lambda: save(result, run_dir.path, item_figures=plan.settings.item_figures, name=plan.name))
         run_dir.write_manifest({"status": "finished", "finished": now(), "items": len(plan.chosen)})
         for key, value in summary.items():
             if isinstance(value, float):

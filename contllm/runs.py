@@ -16,32 +16,53 @@ Layout of a run directory::
 Every file is written to a temporary name and renamed into place, so a run killed at any
 moment leaves only whole files; ``--resume`` then skips the items already on disk, in
 items/ and in any shard.
+
+A run directory's own entries are never followed out of it: a symbolic link in place of
+``.lock``, ``items/``, ``shards/``, ``figures/`` or any entry the toolkit writes is
+refused before anything is written. manifest.json lists the output files a run wrote
+(``outputs``); ``--force`` removes only those, the config, the manifest and the records,
+and leaves whatever else the directory holds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
+import errno
+import hashlib
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from contllm.errors import RunDirectoryError
-from contllm.files import atomic_write_json, fsync_dir, read_json, safe_name
+from contllm.files import (
+    atomic_write_json,
+    fsync_dir,
+    read_json,
+    recording_writes,
+    safe_name,
+)
 
 CONFIG = "config.json"
 MANIFEST = "manifest.json"
 LOCK = ".lock"
 ITEMS = "items"
 SHARDS = "shards"
+FIGURES = "figures"
+#: Entries at the top of a run directory that the toolkit itself writes into or over.
+OWN_ENTRIES = (LOCK, CONFIG, MANIFEST, ITEMS, SHARDS, FIGURES, "results.json", "summary.json")
+#: Longest file-name component most file systems take, in bytes.
+NAME_MAX = 255
+#: Longest path, in bytes (Linux's PATH_MAX, less room for the files inside the run).
+PATH_MAX = 3800
+#: An item id kept as its own file name: letters, digits, '_', '-', '.' (not first), at most 100 characters.
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 
 
 def now() -> str:
@@ -60,8 +81,23 @@ def is_run_dir(path: str | Path) -> bool:
     return (Path(path) / CONFIG).is_file()
 
 
+def record_name(item_id: str) -> str:
+    """The file name of ``item_id``'s record: ``<id>.json`` for a plain id, else a readable part and a hash.
+
+    Distinct ids never share a file: a plain id (see :data:`_PLAIN_ID`) is its own name,
+    and any other id gets ``<letters>~<sha256 prefix>.json``, where '~' never occurs in
+    a plain id. No name starts with '.', the mark of a temporary file.
+    """
+    if _PLAIN_ID.fullmatch(item_id) and not item_id.endswith((".tmp", ".json")):
+        return f"{item_id}.json"
+    digest = hashlib.sha256(item_id.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+    return f"{safe_name(item_id)[:80].lstrip('.')}~{digest}.json"
+
+
 def _check_writable(path: Path) -> None:
     """RunDirectoryError when ``path`` cannot be created or written (checked before any work)."""
+    if path.is_symlink() and not path.exists():
+        raise RunDirectoryError(f"{path} is a symbolic link to nothing; give a directory")
     existing = path
     while not existing.exists():
         if existing.parent == existing:
@@ -71,6 +107,85 @@ def _check_writable(path: Path) -> None:
         raise RunDirectoryError(f"cannot create {path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise RunDirectoryError(f"cannot write to {existing}: permission denied")
+    if existing != path:
+        _probe(existing, path)
+
+
+def _probe(existing: Path, path: Path) -> None:
+    """Create and remove an empty directory in ``existing``: file systems that refuse new entries (/proc, /sys) say so only then."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".contllm-probe-", dir=existing))
+    except OSError as exc:
+        raise RunDirectoryError(f"cannot create {path} in {existing}: {exc.strerror or exc}") from None
+
+
+def _followed_link(path: Path) -> Path | None:
+    """The first of the run directory's own entries that is a symbolic link (which a run would follow out of it), else None.
+
+    Checked: the entries the toolkit writes (:data:`OWN_ENTRIES`, the outputs the manifest
+    lists, CSV tables), any link to a directory at the top, and everything under items/,
+    shards/ and figures/.
+    """
+    if not path.is_dir() or path.is_symlink() and not path.exists():
+        return None
+    for entry in path.iterdir():
+        if entry.is_symlink() and (entry.name in OWN_ENTRIES or entry.suffix == ".csv" or entry.is_dir()):
+            return entry
+    for top in (ITEMS, SHARDS, FIGURES):
+        if (path / top).is_dir() and not (path / top).is_symlink():
+            for folder, dirs, files in os.walk(path / top):
+                for name in [*dirs, *files]:
+                    if (Path(folder) / name).is_symlink():
+                        return Path(folder) / name
+    for relative in _listed_outputs(path):
+        for depth in range(1, len(relative.parts) + 1):
+            if (path / Path(*relative.parts[:depth])).is_symlink():
+                return path / Path(*relative.parts[:depth])
+    return None
+
+
+def _listed_outputs(path: Path) -> list[Path]:
+    """The output files manifest.json lists, as relative paths inside the run (anything else listed is ignored)."""
+    manifest = path / MANIFEST
+    if not manifest.is_file() or manifest.is_symlink():
+        return []
+    try:
+        listed = read_json(manifest).get("outputs", [])
+    except (RunDirectoryError, AttributeError):
+        return []
+    out = []
+    for name in listed if isinstance(listed, list) else []:
+        relative = Path(name) if isinstance(name, str) and name else None
+        if relative is not None and not relative.is_absolute() and ".." not in relative.parts:
+            out.append(relative)
+    return out
+
+
+def _differences(previous: Any, current: dict[str, Any]) -> list[str]:
+    """The settings and options in which a run's recorded config and ``current`` differ, as "key (was X, now Y)".
+
+    The same dataset file under another path (equal ``data_sha256``) is no difference.
+    """
+    if not isinstance(previous, dict):
+        return ["everything (config.json holds no object)"]
+    found = []
+    for key in sorted(set(previous) | set(current)):
+        was, now_ = previous.get(key), current.get(key)
+        if key == "options" and isinstance(was, dict) and isinstance(now_, dict):
+            same_file = was.get("data_sha256") is not None and was.get("data_sha256") == now_.get("data_sha256")
+            found += [f"options.{k} (was {_short(was.get(k))}, now {_short(now_.get(k))})"
+                      for k in sorted(set(was) | set(now_))
+                      if was.get(k) != now_.get(k) and not (k == "data" and same_file)]
+        elif was != now_:
+            found.append(f"{key} (was {_short(was)}, now {_short(now_)})")
+    return found
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _nested_runs(path: Path) -> list[Path]:
@@ -92,6 +207,8 @@ class RunDir:
     def __init__(self, out: str | Path, config: dict[str, Any], *, resume: bool = False, force: bool = False) -> None:
         if resume and force:
             raise RunDirectoryError("--resume and --force contradict each other; give one")
+        if not isinstance(out, (str, os.PathLike)) or not str(out).strip():
+            raise RunDirectoryError(f"the run directory must be a path, got {out!r}")
         self.path = Path(out)
         self.config = config
         self.resume = resume
@@ -106,21 +223,29 @@ class RunDir:
     def _check(self) -> None:
         """Decide between a new run, a resumed one and a replaced one; refuse anything else."""
         self.resumed = self._replace = False
+        too_long = [part for part in self.path.parts if len(os.fsencode(part)) > NAME_MAX]
+        if too_long or len(os.fsencode(self.path)) > PATH_MAX:
+            what = f"the name {too_long[0][:40]}... is" if too_long else "the path is"
+            raise RunDirectoryError(f"cannot create {str(self.path)[:80]}...: {what} longer than "
+                                    f"{NAME_MAX if too_long else PATH_MAX} bytes")
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"{self.path} exists and is not a directory")
         _check_writable(self.path)
+        link = _followed_link(self.path)
+        if link is not None:
+            raise RunDirectoryError(
+                f"{link} is a symbolic link; a run never follows its own entries out of its directory, remove it"
+            )
         occupied = self.path.is_dir() and any(p.name != LOCK for p in self.path.iterdir())
         if not occupied:
             return
         if self.resume:
             if not is_run_dir(self.path):
                 raise RunDirectoryError(f"cannot resume: {self.path} is not a run directory (no {CONFIG})")
-            previous = read_json(self.path / CONFIG)
-            if previous != self.config:
-                keys = set(previous) | set(self.config) if isinstance(previous, dict) else set(self.config)
-                changed = sorted(k for k in keys if not isinstance(previous, dict) or previous.get(k) != self.config.get(k))
+            changed = _differences(read_json(self.path / CONFIG), self.config)
+            if changed:
                 raise RunDirectoryError(
-                    f"cannot resume {self.path}: its config differs in {', '.join(changed)}; "
+                    f"cannot resume {self.path}: its config differs in {'; '.join(changed)}; "
                     "use the same options, or --force to start over"
                 )
             self.resumed = True
@@ -162,17 +287,10 @@ class RunDir:
         try:
             self._check()
             if self._replace:
-                for entry in self.path.iterdir():
-                    if entry.name == LOCK:
-                        continue
-                    if entry.is_dir() and not entry.is_symlink():
-                        shutil.rmtree(entry)
-                    else:
-                        entry.unlink()
+                self._remove_previous()
             if self.resumed:
-                for stale in self.path.rglob(".*.tmp*"):  # the unfinished writes of a killed run
-                    if stale.is_file():
-                        stale.unlink(missing_ok=True)
+                for stale in self._temporary_files():  # the unfinished writes of a killed run
+                    stale.unlink(missing_ok=True)
             (self.path / ITEMS).mkdir(parents=True, exist_ok=True)
             if not self.resumed:
                 atomic_write_json(self.path / CONFIG, self.config)
@@ -180,6 +298,35 @@ class RunDir:
             self.close()
             raise
         return self
+
+    def _temporary_files(self) -> Iterator[Path]:
+        """The temporary files of the toolkit's writers (``.<name>.<random>.tmp``) among the run's own entries."""
+        top = [(str(self.path), [], [p.name for p in self.path.iterdir()])]
+        below = [os.walk(p) for p in (self.path / ITEMS, self.path / SHARDS, self.path / FIGURES) if p.is_dir()]
+        for walk in (top, *below):
+            for where, _, files in walk:
+                for name in files:
+                    path = Path(where) / name
+                    if re.fullmatch(r"\..+\.tmp(\.png|\.pdf)?", name) and path.is_file() and not path.is_symlink():
+                        yield path
+
+    def _remove_previous(self) -> None:
+        """--force: remove what the previous run wrote (its listed outputs, records, config, manifest); nothing else."""
+        outputs = [self.path / r for r in _listed_outputs(self.path)]
+        records = [p for folder in self._record_dirs() for p in folder.glob("*.json")
+                   if _read_record(p, lambda data: data) is not None]
+        for path in [*outputs, *records, *self._temporary_files()]:
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+        folders = {p.parent for p in [*outputs, *records]} | {self.path / ITEMS, self.path / FIGURES}
+        if (self.path / SHARDS).is_dir():
+            folders |= {p for p in (self.path / SHARDS).iterdir() if p.is_dir()} | {self.path / SHARDS}
+        for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):  # deepest first
+            while folder != self.path and folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+                folder.rmdir()
+                folder = folder.parent
+        for name in (CONFIG, MANIFEST):
+            (self.path / name).unlink(missing_ok=True)
 
     def close(self) -> None:
         """Release the directory's lock (idempotent)."""
@@ -196,7 +343,7 @@ class RunDir:
     # ------------------------------------------------------------------ items
     def item_path(self, item_id: str) -> Path:
         """Where :meth:`save_record` writes the record of ``item_id`` (items/, or this process's shard)."""
-        return self._item_dir / f"{safe_name(item_id)}.json"
+        return self._item_dir / record_name(item_id)
 
     def use_shard(self, rank: int) -> Path:
         """Write this process's records into ``shards/process-<rank>/`` from now on; returns that folder."""
@@ -262,7 +409,21 @@ class RunDir:
             fsync_dir(items)
         return moved
 
-    # ------------------------------------------------------------------ manifest
+    # ------------------------------------------------------------------ outputs and manifest
+    def write_outputs(self, write: Callable[[], Any]) -> Any:
+        """``write()`` (which writes the result's files into the run), with every file it writes listed in the manifest's ``outputs``.
+
+        The list is what ``--force`` may remove later; outputs of an earlier attempt that
+        are still there stay listed.
+        """
+        with recording_writes() as written:
+            try:
+                return write()
+            finally:
+                mine = {str(p.relative_to(self.path)) for p in written if p.is_relative_to(self.path)}
+                earlier = {str(p) for p in _listed_outputs(self.path) if (self.path / p).is_file()}
+                self.write_manifest({"outputs": sorted(mine | earlier)})
+
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         previous = read_json(self.path / MANIFEST) if (self.path / MANIFEST).is_file() else {}
         if previous.get("started") and "started" in manifest:
@@ -273,8 +434,11 @@ class RunDir:
 def _read_record(path: Path, decode: Callable[[dict[str, Any]], Any]) -> tuple[str, Any] | None:
     """(item id, record) from a record file, or None when it cannot be read (a record to redo)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return str(data["id"]), decode(data["record"])
+        data = read_json(path)
+        item_id = data["id"]
+        if not isinstance(item_id, str) or record_name(item_id) != path.name:
+            return None  # a record under another item's name is not trusted
+        return item_id, decode(data["record"])
     except Exception:  # noqa: BLE001 - whatever is wrong with a record, it is recomputed
         return None
 
@@ -285,7 +449,12 @@ def _acquire(directory: Path) -> int:
 
     path = directory / LOCK
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise RunDirectoryError(f"{path} is a symbolic link; a run never follows it, remove it") from None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -320,7 +489,7 @@ def _lock_holder(directory: Path) -> str | None:
 
     path = directory / LOCK
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:

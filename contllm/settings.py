@@ -33,9 +33,29 @@ def group_bytes_from_env() -> int:
     return int(text)
 
 
+#: Largest seed: torch, numpy and Python's random all take it.
+MAX_SEED = 2**63 - 1
+
+
+def _short(value: Any) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's digit limit
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
+
+
+def _items_text(items: str | int) -> str:
+    """``items`` as config.json records it: a count in its plain spelling ("02" and 2 are "2"), ids as given."""
+    text = str(items).strip()
+    if text.isascii() and text.isdigit() and len(text) <= 18:
+        return str(int(text))
+    return text if isinstance(items, str) else str(items)
+
+
 def _positive_int(value: Any, what: str) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ExperimentError(f"{what} must be an integer >= 1, got {value!r}")
+        raise ExperimentError(f"{what} must be an integer >= 1, got {_short(value)}")
 
 
 @dataclass(frozen=True)
@@ -67,10 +87,12 @@ class RunSettings:
             raise ExperimentError(f"model must be a name or a directory, got {self.model!r}")
         if self.items is not None:
             if isinstance(self.items, bool) or not isinstance(self.items, (str, int)):
-                raise ExperimentError(f"items must be a count or a string of ids, got {self.items!r}")
-            object.__setattr__(self, "items", str(self.items))
+                raise ExperimentError(f"items must be a count or a string of ids, got {_short(self.items)}")
+            object.__setattr__(self, "items", _items_text(self.items))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ExperimentError(f"seed must be an integer, got {self.seed!r}")
+            raise ExperimentError(f"seed must be an integer, got {_short(self.seed)}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ExperimentError(f"seed must be an integer from 0 to {MAX_SEED} (2**63 - 1), got {_short(self.seed)}")
         if self.dtype is not None and not isinstance(self.dtype, str):
             raise ExperimentError(f"dtype must be a name (float32, bfloat16, float16), got {self.dtype!r}")
         _positive_int(self.max_batch_tokens, "--max-batch-tokens")

@@ -44,6 +44,8 @@ TOP_KEYS = {"out", "models", "dtype", "device", "seed", "max_batch_tokens", "ite
 ENTRY_KEYS = {"name", "label", "items"}
 #: Labels and model directory names are single path components: no separators, no "." or "..".
 SAFE_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+#: Longest label (and model directory name): a file-name component, with room to spare.
+MAX_LABEL = 100
 
 
 @dataclass
@@ -106,9 +108,17 @@ def load_spec(path: Path) -> Spec:
         models = [models]
     if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
         raise ExperimentError(f"{where}: 'models' must be a non-empty list of model names")
-    for model in models:
-        if not SAFE_COMPONENT.fullmatch(_model_dir(model)):
-            raise ExperimentError(f"{where}: model {model!r} does not give a plain directory name")
+    for k, model in enumerate(models):
+        if not SAFE_COMPONENT.fullmatch(_model_dir(model)) or len(_model_dir(model)) > MAX_LABEL:
+            raise ExperimentError(f"{where}: model {model[:80]!r} does not give a plain directory name "
+                                  f"(at most {MAX_LABEL} characters)")
+        if model in models[:k]:
+            raise ExperimentError(f"{where}: model {model!r} is listed twice")
+        same = [m for m in models[:k] if _model_dir(m) == _model_dir(model)]
+        if same:
+            raise ExperimentError(
+                f"{where}: models {same[0]!r} and {model!r} would share the directory {_model_dir(model)!r}"
+            )
     out = _typed(data, "out", str, None, where)
     dtype = _typed(data, "dtype", str, None, where)
     device = _typed(data, "device", str, "auto", where)
@@ -138,10 +148,11 @@ def load_spec(path: Path) -> Spec:
                 f"{where}: experiment {k}: unknown key(s) {', '.join(bad)}; {name} takes {', '.join(sorted(allowed))}"
             )
         label = table.get("label", name)
-        if not isinstance(label, str) or not SAFE_COMPONENT.fullmatch(label):
+        if not isinstance(label, str) or not SAFE_COMPONENT.fullmatch(label) or len(label) > MAX_LABEL:
+            shown = repr(label) if len(repr(label)) <= 60 else f"{repr(label)[:40]}... ({len(label)} characters)"
             raise ExperimentError(
-                f"{where}: experiment {k}: label {label!r} must be a plain directory name "
-                "(letters, digits, '_', '.', '-'; not starting with '.' or '-')"
+                f"{where}: experiment {k}: label {shown} must be a plain directory name "
+                f"(letters, digits, '_', '.', '-'; not starting with '.' or '-'; at most {MAX_LABEL} characters)"
             )
         if label in labels:
             raise ExperimentError(f"{where}: experiment {k}: label {label!r} is used twice; give each a 'label'")
@@ -192,19 +203,52 @@ def run_spec(
     from contllm.runner import run
 
     spec = load_spec(path)
-    root = out or spec.out
+    root = out if out is not None else spec.out
     device = device if device not in (None, "auto") else spec.device
     entries = [replace(e, settings=replace(e.settings, dtype=dtype)) if dtype else e for e in spec.entries]
-    written = []
     # Under a launch each process loads on its own device, and the main process fills the model cache first.
     procs = start_processes(device)
+    targets = check_targets(spec, entries, Path(root), resume=resume, force=force, device=procs.device or device)
+    written = []
     for model in spec.models:
-        mine = [e for e in entries if e.model == model]
+        mine = [(e, t) for e, t in zip(entries, targets) if e.model == model]
         with procs.main_first():
-            lm = load(model, device=procs.device or device, dtype=mine[0].settings.dtype)
-        for entry in mine:
-            out_dir = root / _model_dir(model) / entry.label
+            lm = load(model, device=procs.device or device, dtype=mine[0][0].settings.dtype)
+        for entry, out_dir in mine:
             written.append(run(entry.experiment, lm=lm, out=out_dir, resume=resume, force=force, device=device,
                                options=dict(entry.options), settings=entry.settings, say=say,
                                progress=say is not None))
     return written
+
+
+def check_targets(spec: Spec, entries: list[SpecEntry], root: Path, *, resume: bool, force: bool,
+                  device: str) -> list[Path]:
+    """The run directory of every entry, each checked as its run will check it; before any model loads.
+
+    Every model is resolved (an alias, a directory or a hub id), the device is checked,
+    and no two entries may share a directory. An ExperimentError, ModelLoadError or
+    RunDirectoryError names the first problem.
+    """
+    from contllm.errors import RunDirectoryError
+    from contllm.models.catalog import resolve
+    from contllm.models.load import resolve_device
+    from contllm.runner import check_run
+    from contllm.runs import RunDir
+
+    if not str(root).strip():
+        raise RunDirectoryError(f"{spec.path}: the output root must be a path, got {str(root)!r}")
+    for model in spec.models:
+        resolve(model)
+    resolve_device(device)
+    targets: dict[Path, SpecEntry] = {}
+    for entry in entries:
+        target = root / _model_dir(entry.model) / entry.label
+        if target in targets:
+            raise RunDirectoryError(
+                f"{spec.path}: {entry.model} {entry.label} and {targets[target].model} {targets[target].label} "
+                f"would both write {target}"
+            )
+        targets[target] = entry
+        plan = check_run(entry.experiment, options=dict(entry.options), settings=entry.settings)
+        RunDir(target, plan.resolved, resume=resume, force=force)  # checks only; writes nothing
+    return list(targets)

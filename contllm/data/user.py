@@ -22,13 +22,13 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from contllm.errors import ExperimentError
+from contllm.files import parse_json
 
 __all__ = ["Row", "read_rows", "data_option_help", "file_sha256", "read_data_file", "unique_ids"]
 
@@ -136,8 +136,8 @@ def _from_cell(text: str, kind: type | tuple[type, ...], error: Callable[[str], 
         if k in (list, dict):
             if stripped.startswith(("[", "{")):
                 try:
-                    value = json.loads(stripped)
-                except ValueError:
+                    value = parse_json(stripped, "cell", ExperimentError)
+                except ExperimentError:
                     raise error("is not valid JSON") from None
                 if isinstance(value, k):
                     return value
@@ -175,10 +175,7 @@ def read_rows(path: str | Path) -> list[Row]:
 
 
 def _json_rows(name: str, text: str) -> list[Row]:
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise ExperimentError(f"{name}: not valid JSON ({err})") from None
+    data = parse_json(text, name, ExperimentError)  # deep nesting and huge numbers are one error too
     if isinstance(data, dict):
         lists = {k: v for k, v in data.items() if isinstance(v, list)}
         if "items" in lists:
@@ -202,10 +199,7 @@ def _jsonl_rows(name: str, text: str) -> list[Row]:
     for line_number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            value = json.loads(line)
-        except ValueError as err:
-            raise ExperimentError(f"{name}: row {len(rows) + 1} (line {line_number}): not valid JSON ({err.msg})") from None
+        value = parse_json(line, f"{name}: row {len(rows) + 1} (line {line_number})", ExperimentError)
         if not isinstance(value, dict):
             raise ExperimentError(f"{name}: row {len(rows) + 1} (line {line_number}): must be an object")
         rows.append(Row(name, len(rows) + 1, value))

@@ -10,6 +10,7 @@ names the option, raised before a model loads or a file is written.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Literal
@@ -51,6 +52,25 @@ class Option:
 
 #: The interpolation method, as every experiment that interpolates takes it.
 METHOD = Option("method", "str", "linear or slerp interpolation. [default: linear]")
+#: An integer as typed: ASCII digits with an optional sign, at most 30 of them.
+_INTEGER = re.compile(r"[+-]?[0-9]{1,30}")
+#: Largest magnitude of a range's ends: no signal time past 1e7 can be represented (see
+#: :data:`contllm.signal.MAX_TIME`), and every range scales, shifts or mixes times.
+MAX_RANGE = 1e7
+#: Smallest non-zero magnitude of a number option: float32's smallest normal number.
+#: Models compute in float32 at best; a smaller number becomes 0 or loses its precision there.
+MIN_MAGNITUDE = 1.1754943508222875e-38
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``value`` as an error message quotes it: its repr, cut to ``limit`` characters."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's digit limit
+        return "an integer of more than 4000 digits"
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} characters)"
+
+
 
 
 def read_value(value: Any, kind: Kind, where: str) -> Any:
@@ -59,7 +79,7 @@ def read_value(value: Any, kind: Kind, where: str) -> Any:
         item = {"ints": "int", "floats": "float", "words": "str"}[kind]
         parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else value
         if not isinstance(parts, (list, tuple)):
-            raise ExperimentError(f"{where} must be a comma-separated list or a list, got {value!r}")
+            raise ExperimentError(f"{where} must be a comma-separated list or a list, got {shown(value)}")
         values = tuple(read_value(p, item, where) for p in parts if p != "")  # type: ignore[arg-type]
         if not values:
             raise ExperimentError(f"{where} is empty")
@@ -67,34 +87,46 @@ def read_value(value: Any, kind: Kind, where: str) -> Any:
     if kind == "bool":
         if isinstance(value, bool):
             return value
-        raise ExperimentError(f"{where} must be true or false, got {value!r}")
+        raise ExperimentError(f"{where} must be true or false, got {shown(value)}")
     if kind == "str":
         if isinstance(value, str):
             return value
-        raise ExperimentError(f"{where} must be a string, got {value!r}")
+        raise ExperimentError(f"{where} must be a string, got {shown(value)}")
     if kind == "int":
-        if isinstance(value, bool):
-            raise ExperimentError(f"{where} must be an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-            return int(value)
-        raise ExperimentError(f"{where} must be an integer, got {value!r}")
+        number = _integer(value)
+        if number is None:
+            raise ExperimentError(f"{where} must be an integer, got {shown(value)}")
+        return number
     if kind == "float":
-        if isinstance(value, bool):
-            raise ExperimentError(f"{where} must be a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ExperimentError(f"{where} must be a number, got {shown(value)}")
         try:
             number = float(value)
-        except (TypeError, ValueError):
-            raise ExperimentError(f"{where} must be a number, got {value!r}") from None
+        except (OverflowError, ValueError):
+            raise ExperimentError(f"{where} must be a number, got {shown(value)}") from None
         if not math.isfinite(number):
-            raise ExperimentError(f"{where} must be a finite number, got {value!r}")
+            raise ExperimentError(f"{where} must be a finite number, got {shown(value)}")
+        if number != 0 and abs(number) < MIN_MAGNITUDE:
+            raise ExperimentError(
+                f"{where}: {shown(value)} is too close to 0 to compute with (the smallest is {MIN_MAGNITUDE:.3g}, float32's)"
+            )
         return number
     raise ExperimentError(f"{where}: unknown option kind {kind!r}")
 
 
 def parse_floats(text: str | Sequence[float], what: str) -> tuple[float, ...]:
     """Finite numbers from "a,b,c" (or a sequence); ExperimentError naming ``what`` if any is not one, or none is given."""
+def _integer(value: Any) -> int | None:
+    """``value`` as an integer (a Python int, or ASCII digits with a sign), else None; at most 30 digits either way."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value.bit_length() <= 100 else None
+    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
+        return int(value.strip())
+    return None
+
+
     return read_value(text, "floats", what)
 
 
@@ -107,15 +139,19 @@ def parse_range(value: Any, where: str = "range") -> tuple[float, float]:
     """'MIN,MAX' or [MIN, MAX] -> (min, max), both finite and min <= max; ExperimentError otherwise."""
     parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else value
     if not isinstance(parts, (list, tuple)) or len(parts) != 2:
-        raise ExperimentError(f"{where} must be 'MIN,MAX', got {value!r}")
+        raise ExperimentError(f"{where} must be 'MIN,MAX', got {shown(value)}")
+    if any(isinstance(p, bool) or not isinstance(p, (int, float, str)) for p in parts):
+        raise ExperimentError(f"{where} must be two numbers 'MIN,MAX', got {shown(value)}")
     try:
         low, high = float(parts[0]), float(parts[1])
-    except (TypeError, ValueError):
-        raise ExperimentError(f"{where} must be two numbers 'MIN,MAX', got {value!r}") from None
+    except (OverflowError, ValueError):
+        raise ExperimentError(f"{where} must be two numbers 'MIN,MAX', got {shown(value)}") from None
     if not (math.isfinite(low) and math.isfinite(high)):
         raise ExperimentError(f"{where} must be finite, got {low},{high}")
     if low > high:
         raise ExperimentError(f"range min {low} is larger than max {high}")
+    if max(abs(low), abs(high)) > MAX_RANGE:
+        raise ExperimentError(f"{where} must lie within -{MAX_RANGE:g},{MAX_RANGE:g} (the largest time a signal holds), got {low:g},{high:g}")
     return low, high
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
 from contllm.families import FAMILIES, family_of
 from contllm.models.cache import cache_entry_problems, cache_root, read_record
-from contllm.models.conversion import ensure_cached
 from contllm.models.catalog import (
     DEFAULT_MODEL,
     REGISTRY,
@@ -30,6 +30,7 @@ from contllm.models.catalog import (
     known_aliases,
     resolve,
 )
+from contllm.models.conversion import ensure_cached
 
 # --------------------------------------------------------------------------- options
 
@@ -58,6 +59,10 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     raise ModelLoadError(f"unsupported dtype {dtype!r}; allowed: {', '.join(_DTYPE_NAMES)} or the torch dtypes")
 
 
+#: Device types a model is loaded on (the meta device holds no weights; others are untested).
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     """The device to load on: "auto" (or None) is cuda when available, else cpu."""
     if device is None or device == "auto":
@@ -70,6 +75,10 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
         raise ModelLoadError(f"device {device!r} requested but CUDA is not available; use device='cpu' or 'auto'")
     if resolved.type == "mps" and not torch.backends.mps.is_available():
         raise ModelLoadError(f"device {device!r} requested but MPS is not available; use device='cpu' or 'auto'")
+    if resolved.type not in DEVICE_TYPES:
+        raise ModelLoadError(
+            f"device {device!r} cannot hold a model for contllm; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
+        )
     return resolved
 
 
@@ -280,6 +289,8 @@ def load_model(
         raise ModelLoadError(f"could not load {source.name!r}: {err}{hint}") from err
     except ValueError as err:
         raise ModelLoadError(f"could not load {source.name!r}: {err}") from err
+    except SafetensorError as err:  # an empty, cut or corrupt weights file
+        raise ModelLoadError(f"could not load {source.name!r}: its weights file is not valid safetensors ({err})") from err
     if device_map is not None:
         _check_placement(model, source.name)
     info = ModelInfo(

@@ -263,3 +263,41 @@ def test_integer_like_arguments_of_other_types_are_taken(lm: ContinuousLM, s: Si
     c = s.scale([(9, 14)], 0.5)
     assert torch.equal(a.durations, b.durations) and torch.equal(a.durations, c.durations)
     assert a.durations.tolist() == [1, 1, 0.5, 1, 1, 1, 1, 1, 1]
+
+
+# ---------------------------------------------------------------------------- what ContinuousLM and load take
+
+
+@pytest.mark.parametrize("model,match", [
+    ("smollm2-135m", r"takes a loaded model, got the name 'smollm2-135m'; load one with contllm.load"),
+    (None, "takes a transformers causal LM .* got NoneType"),
+    (torch.nn.Linear(2, 2), "takes a transformers causal LM .* got Linear"),
+])
+def test_continuous_lm_names_what_it_takes(model: Any, match: str) -> None:
+    with pytest.raises(UnsupportedModelError, match=match):
+        ContinuousLM(model)
+
+
+def test_a_model_on_the_meta_device_is_refused_when_wrapped() -> None:
+    with torch.device("meta"):
+        model = tf.LlamaForCausalLM(tiny_model("llama").config)
+    with pytest.raises(UnsupportedModelError, match="weights are on the meta device"):
+        ContinuousLM(model)
+
+
+@pytest.mark.parametrize("device", ["xla", "meta", "hpu"])
+def test_a_device_that_cannot_hold_a_model_is_refused_before_anything_is_read(device: str) -> None:
+    with pytest.raises(ModelLoadError, match=f"device '{device}' cannot hold a model"):
+        contllm.load("/nonexistent/model", device=device)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1}", b"\xff" * 64])
+def test_a_model_directory_with_bad_safetensors_is_a_load_error(tmp_path: Any, content: bytes) -> None:
+    import json
+
+    model = tiny_model("llama")
+    model.config.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(content)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    with pytest.raises(ModelLoadError, match="not valid safetensors"):
+        contllm.load(str(tmp_path), device="cpu")

@@ -165,3 +165,125 @@ def test_an_out_under_a_file_is_refused_before_anything_loads(root: Path) -> Non
     result = CliRunner().invoke(app, ["run", "counting", "--out", str(root / "notes.txt" / "run")])
     refused(result, "notes.txt is not a directory")
     assert "loaded" not in result.output and snapshot(root) == before
+
+
+# ---------------------------------------------------------------------------- values refused before the model loads
+
+EARLY_CASES = {
+    "samples-superscript": (["run", "counting", "--samples", "\u00b2"], "--samples must be an integer"),
+    "samples-two-signs": (["run", "counting", "--samples", "+-5"], "--samples must be an integer"),
+    "samples-5000-digits": (["run", "counting", "--samples", "9" * 5000], "--samples must be an integer"),
+    "seed-past-2**63": (["run", "counting", "--seed", "99999999999999999999999"], "seed must be an integer from 0"),
+    "range-factor-past-1e7": (["run", "counting", "--range", "0.5,2e7", "--samples", "2"], "--range must lie within"),
+    "range-1e308": (["run", "counting", "--range", "1e308,1e308", "--samples", "1"], "--range must lie within"),
+    "eps-subnormal": (["run", "depth", "--eps", "1e-320"], "too close to 0"),
+    "translation-range": (["run", "translation", "--range", "-1e9,1e9"], "--range must lie within"),
+    "device-meta": (["run", "counting", "--device", "meta"], "device 'meta' cannot hold a model"),
+    "device-xla": (["run", "counting", "--device", "xla"], "device 'xla' cannot hold a model"),
+}
+
+
+@pytest.mark.parametrize("args,needle", EARLY_CASES.values(), ids=EARLY_CASES.keys())
+def test_a_value_that_fails_only_in_the_model_is_refused_before_it_loads(args: list[str], needle: str, root: Path) -> None:
+    before = snapshot(root)
+    result = CliRunner().invoke(app, [*args, "--items", "1", "--out", str(root / "new")])
+    refused(result, needle)
+    assert "loaded" not in result.output and snapshot(root) == before
+
+
+def test_a_very_long_value_is_quoted_not_echoed(root: Path) -> None:
+    result = CliRunner().invoke(app, ["run", "counting", "--items", "x" * 100_000, "--out", str(root / "new")])
+    refused(result, "unknown item id")
+    assert len(result.output) < 500
+
+
+@pytest.mark.parametrize("out,needle", [("", "must be a path"), ("dangling", "symbolic link to nothing"),
+                                        ("/proc/contllm-run", "cannot create")])
+def test_an_out_that_cannot_hold_a_run_is_refused_before_the_model_loads(out: str, needle: str, tmp_path: Path) -> None:
+    if out == "dangling":
+        (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+        out = str(tmp_path / "dangling")
+    result = CliRunner().invoke(app, ["run", "counting", "--items", "1", "--samples", "2", "--out", out])
+    refused(result, needle)
+    assert "loaded" not in result.output and not (tmp_path / "nowhere").exists()
+
+
+def test_a_linked_lock_is_refused_and_its_target_kept(tmp_path: Path) -> None:
+    run, victim = tmp_path / "R", tmp_path / "V"
+    run.mkdir()
+    victim.write_text("precious\n")
+    (run / ".lock").symlink_to(victim)
+    result = CliRunner().invoke(app, ["run", "counting", "--items", "1", "--samples", "2", "--out", str(run)])
+    refused(result, ".lock is a symbolic link")
+    assert victim.read_text() == "precious\n"
+
+
+NESTED = "[" * 200_000 + "]" * 200_000
+
+
+def test_a_deeply_nested_data_file_is_one_line(root: Path, tmp_path: Path) -> None:
+    data = tmp_path / "items.json"
+    data.write_text(NESTED)
+    before = snapshot(root)
+    result = CliRunner().invoke(app, ["run", "counting", "--data", str(data), "--out", str(root / "new")])
+    refused(result, "nested too deeply")
+    assert snapshot(root) == before
+
+
+def test_a_deeply_nested_config_is_one_line_on_resume(root: Path) -> None:
+    run = root / "smollm2-135m" / "counting"
+    (run / "config.json").write_text(NESTED)
+    before = snapshot(root)
+    result = CliRunner().invoke(app, ["run", "counting", "--resume", "--items", "1", "--out", str(run)])
+    refused(result, "nested too deeply")
+    assert snapshot(root) == before
+
+
+def test_a_deeply_nested_results_file_is_one_line_in_report(root: Path, tmp_path: Path) -> None:
+    run = root / "smollm2-135m" / "counting"
+    (run / "results.json").write_text(NESTED)
+    (run / "manifest.json").write_text(json.dumps({"status": "finished"}))
+    result = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "report")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "nested too deeply" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00" * 40])
+def test_a_model_with_an_empty_or_corrupt_weights_file_is_one_line(content: bytes, tmp_path: Path, root: Path) -> None:
+    from contllm.models import cache_root
+
+    source = cache_root() / "smollm2-135m"
+    if not (source / "config.json").is_file():
+        pytest.skip("smollm2-135m is not converted")
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_bytes((source / name).read_bytes())
+    (model / "model.safetensors").write_bytes(content)
+    before = snapshot(root)
+    result = CliRunner().invoke(app, ["run", "counting", "--model", str(model), "--items", "1", "--samples", "2",
+                                      "--out", str(root / "new")])
+    refused(result, "not valid safetensors")
+    assert snapshot(root) == before
+
+
+SPEC_COLLISIONS = {
+    "same-directory-name": ("models = ['/x/a/smol', '/x/b/smol']\n", "would share the directory 'smol'"),
+    "same-model-twice": ("models = ['smollm2-135m', 'smollm2-135m']\n", "model 'smollm2-135m' is listed twice"),
+    "unknown-second-model": ("models = ['smollm2-135m', 'no-such-model']\n", "unknown model 'no-such-model'"),
+    "label-300-characters": ("models = ['smollm2-135m']\nlabel = '" + "l" * 300 + "'\n", "at most 100 characters"),
+}
+
+
+@pytest.mark.parametrize("head,needle", SPEC_COLLISIONS.values(), ids=SPEC_COLLISIONS.keys())
+def test_a_spec_is_checked_whole_before_the_first_model_loads(head: str, needle: str, root: Path, tmp_path: Path) -> None:
+    label = ""
+    if "label" in head:
+        head, label = head.split("\n", 1)[0] + "\n", head.split("\n", 1)[1]
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f"{head}[[experiment]]\nname = 'counting'\nitems = 1\nsamples = 2\n{label}")
+    before = snapshot(root)
+    for extra in ([], ["--force"]):
+        result = CliRunner().invoke(app, ["run", str(spec), "--out", str(root), *extra])
+        refused(result, needle)
+        assert "loaded" not in result.output and snapshot(root) == before

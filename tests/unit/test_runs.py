@@ -109,3 +109,132 @@ def test_launch_messages_are_json_never_pickles() -> None:
     assert _to_bytes(message) == json.dumps(message).encode() and _from_bytes(_to_bytes(message)) == message
     with pytest.raises(TypeError):  # an object that only a pickle could carry is not sent
         _to_bytes(Path("/tmp"))
+
+
+# ---------------------------------------------------------------------------- nothing outside the run, nothing lost
+
+
+def test_a_lock_that_is_a_symbolic_link_is_refused_and_its_target_kept(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK).symlink_to(victim)
+    with pytest.raises(RunDirectoryError, match=r"\.lock is a symbolic link"):
+        RunDir(out, config()).open()
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("entry", ["figures", "items", "shards"])
+def test_a_resume_never_writes_through_a_linked_folder_of_the_run(tmp_path: Path, entry: str) -> None:
+    out = finished_run(tmp_path / "run")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if (out / entry).exists():
+        for path in (out / entry).iterdir():
+            path.rename(outside / path.name)
+        (out / entry).rmdir()
+    (out / entry).symlink_to(outside, target_is_directory=True)
+    before = sorted(p.name for p in outside.iterdir())
+    with pytest.raises(RunDirectoryError, match=f"{entry} is a symbolic link"):
+        RunDir(out, config(), resume=True)
+    assert sorted(p.name for p in outside.iterdir()) == before
+
+
+def test_ids_that_share_a_safe_name_keep_their_own_records(tmp_path: Path) -> None:
+    ids = ["a/b", "a_b", "a b", ".y.tmp", "x" * 300, "count-001"]
+    with RunDir(tmp_path / "run", config()) as run:
+        for k, item_id in enumerate(ids):
+            run.save_record(item_id, {"k": k})
+    assert len({RunDir.item_path(run, i).name for i in ids}) == len(ids)
+    assert all(not RunDir.item_path(run, i).name.startswith(".") for i in ids)
+    assert RunDir.item_path(run, "count-001").name == "count-001.json"  # plain ids keep their own name
+    with RunDir(tmp_path / "run", config(), resume=True) as again:  # the resume's clean-up keeps every record
+        done = again.finished(lambda record: record["k"])
+    assert done == {item_id: k for k, item_id in enumerate(ids)}
+
+
+def test_a_record_under_another_items_name_is_not_trusted(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with RunDir(out, config()) as run:
+        run.save_record("a", {"x": 1})
+        run.save_record("b", {"x": 2})
+    # A record copied over another item's file: its inner id says "a".
+    (out / "items" / "b.json").write_text((out / "items" / "a.json").read_text())
+    with RunDir(out, config(), resume=True) as again:
+        assert again.finished(lambda record: record) == {"a": {"x": 1}}  # b is redone, a is not counted twice
+
+
+def test_force_removes_only_what_the_toolkit_wrote(tmp_path: Path) -> None:
+    from contllm.files import atomic_write_json
+
+    out = tmp_path / "run"
+    with RunDir(out, config()) as run:
+        run.save_record("a", {"x": 1})
+        run.write_outputs(lambda: [atomic_write_json(out / "results.json", {}),
+                                   atomic_write_json(out / "figures" / "items" / "a.json", {})])
+    listed = json.loads((out / "manifest.json").read_text())["outputs"]
+    assert listed == ["figures/items/a.json", "results.json"]
+    (out / "notes.txt").write_text("mine")
+    (out / "analysis").mkdir()
+    (out / "analysis" / "table.csv").write_text("1,2")
+    (out / "figures" / "sketch.png").write_text("drawn by hand")
+    (out / "items" / "README").write_text("what these are")
+    with RunDir(out, config(), force=True) as again:
+        assert not (out / "results.json").exists() and not (out / "items" / "a.json").exists()
+        assert not (out / "figures" / "items").exists()
+        again.save_record("b", {"x": 2})
+    assert (out / "notes.txt").read_text() == "mine" and (out / "analysis" / "table.csv").read_text() == "1,2"
+    assert (out / "figures" / "sketch.png").is_file() and (out / "items" / "README").is_file()
+
+
+def test_force_never_removes_a_listed_output_outside_the_run(tmp_path: Path) -> None:
+    out = finished_run(tmp_path / "run")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
+    (out / "manifest.json").write_text(json.dumps({**manifest, "outputs": ["../victim.txt", str(victim)]}))
+    with RunDir(out, config(), force=True):
+        pass
+    assert victim.read_text() == "keep"
+
+
+def test_a_resume_names_the_option_that_differs_and_takes_the_same_data_under_another_path(tmp_path: Path) -> None:
+    recorded = {**config(), "options": {"samples": 10, "data": "/a/items.json", "data_sha256": "f" * 64}}
+    with RunDir(tmp_path / "run", recorded):
+        pass
+    moved = {**recorded, "options": {**recorded["options"], "data": "../elsewhere/items.json"}}
+    with RunDir(tmp_path / "run", moved, resume=True) as again:
+        assert again.resumed
+    other = {**recorded, "options": {**recorded["options"], "samples": 20}}
+    with pytest.raises(RunDirectoryError, match=r"options\.samples \(was 10, now 20\)"):
+        RunDir(tmp_path / "run", other, resume=True)
+
+
+def test_run_files_get_the_mode_of_any_new_file(tmp_path: Path) -> None:
+    import os
+
+    from contllm.files import atomic_write_text, file_mode
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    written = atomic_write_text(tmp_path / "x.txt", "x")
+    assert file_mode() == 0o666 & ~mask and (written.stat().st_mode & 0o777) == 0o666 & ~mask
+
+
+@pytest.mark.parametrize("out,needle", [("", "must be a path"), ("dangling", "symbolic link to nothing"),
+                                        ("x" * 300, "longer than 255 bytes"), ("/proc/contllm-run", "cannot create")])
+def test_an_out_that_cannot_hold_a_run_is_refused_before_anything_is_written(tmp_path: Path, out: str, needle: str) -> None:
+    if out == "dangling":
+        (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    target = out if out in ("", "/proc/contllm-run") else str(tmp_path / out)
+    with pytest.raises(RunDirectoryError, match=needle):
+        RunDir(target, config())
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_deeply_nested_config_is_one_error_on_resume(tmp_path: Path) -> None:
+    out = finished_run(tmp_path / "run")
+    (out / "config.json").write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(RunDirectoryError, match="nested too deeply"):
+        RunDir(out, config(), resume=True)
