@@ -12,6 +12,9 @@ name                              what                                          
 ``blocks.{i}.hook_attn_out``      the output of layer i's attention module         [k, hidden]
 ``blocks.{i}.hook_mlp_out``       the output of layer i's MLP module               [k, hidden]
 ``blocks.{i}.attn.hook_pattern``  layer i's attention probabilities over keys      [heads, k, tokens]
+``blocks.{i}.attn.hook_z``        the heads' outputs side by side, before the      [k, heads x head_dim]
+                                  output projection (head h: columns h x head_dim
+                                  to (h + 1) x head_dim)
 ``ln_final.hook_normalized``      the final norm's output (before the vocabulary)  [k, hidden]
 ================================  ===============================================  ==================
 
@@ -45,7 +48,7 @@ from torch import nn
 from contllm.attention import switched_attention
 from contllm.engine import Positions, check_inputs, check_signals, evaluation, read_indices
 from contllm.errors import SignalError, UnsupportedModelError
-from contllm.families import attention_modules, decoder_layers, final_norm, mlp_modules, model_of
+from contllm.families import attention_modules, attention_outputs, decoder_layers, final_norm, mlp_modules, model_of
 from contllm.hooks import first_output, hidden_of, input_hook, output_hook, replace_first_output, with_hidden
 from contllm.signal import Signal, SignalBatch, pad_signals
 
@@ -59,7 +62,7 @@ __all__ = [
 ]
 
 #: The per-layer points, ``blocks.{i}.`` + one of these.
-BLOCK_POINTS = ("hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out", "attn.hook_pattern")
+BLOCK_POINTS = ("hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out", "attn.hook_pattern", "attn.hook_z")
 #: The point after the last layer.
 FINAL_POINT = "ln_final.hook_normalized"
 #: The one point that is read but not patched (it lives inside the attention function).
@@ -98,6 +101,8 @@ def _resolve(lm: Any, name: str) -> _Point:
             return _Point(name, attention_modules(model)[index], "output")
         if point == "hook_mlp_out":
             return _Point(name, mlp_modules(model)[index], "output")
+        if point == "attn.hook_z":
+            return _Point(name, attention_outputs(model)[index], "input")
         return _Point(name, attention_modules(model)[index], "pattern")
     raise SignalError(
         f"no activation named {name!r}; the model has {len(layers)} layers, names are "
@@ -290,6 +295,15 @@ class Patch:
     mode: Literal["replace", "add"] = "replace"
 
 
+def _width(point: _Point, hidden: int) -> int:
+    """The last dimension of ``point``'s values: the hidden size, or the output projection's input width for hook_z."""
+    if not point.name.endswith("attn.hook_z"):
+        return hidden
+    weight = point.module.weight
+    # nn.Linear stores [out, in]; GPT-2's Conv1D stores [in, out].
+    return int(point.module.in_features) if isinstance(point.module, nn.Linear) else int(weight.shape[0])
+
+
 def _patch_rows(item: Patch, signals: Sequence[Signal], hidden: int) -> list[tuple[list[int], torch.Tensor]]:
     """(token indices, values [k, hidden]) per signal of ``item``; SignalError naming what does not fit."""
     count = len(signals)
@@ -355,7 +369,7 @@ def patch(lm: Any, signals: Signal | Sequence[Signal], patches: Patch | Sequence
             raise SignalError(f"{item.name}: attention patterns are read, not patched; patch hook_attn_out instead")
         if item.mode not in ("replace", "add"):
             raise SignalError(f"{item.name}: mode must be 'replace' or 'add', got {item.mode!r}")
-        rows = _patch_rows(item, items, hidden)
+        rows = _patch_rows(item, items, _width(point, hidden))
         columns = _columns(batch, [r for r, _ in rows])
         planned.append((point, item.mode, columns, [v for _, v in rows]))
     with ExitStack() as stack:

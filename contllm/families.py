@@ -34,6 +34,8 @@ class Family:
     norm: path of the norm between the last decoder layer and the vocabulary head.
     attention: name of the self-attention submodule inside one decoder layer.
     mlp: name of the feed-forward (MLP) submodule inside one decoder layer.
+    attention_output: name of the output projection inside the attention module (its
+        input is the heads' outputs side by side, [..., heads x head_dim]).
     heads, kv_heads: config attributes of the query and key/value head counts; a family
         without grouped queries has kv_heads None (as many key/value heads as queries).
     notes: quirks worth knowing, shown in docs and errors.
@@ -49,6 +51,7 @@ class Family:
     norm: str = "model.norm"
     attention: str = "self_attn"
     mlp: str = "mlp"
+    attention_output: str = "o_proj"
     heads: str = "num_attention_heads"
     kv_heads: str | None = "num_key_value_heads"
     notes: str = ""
@@ -71,7 +74,7 @@ FAMILIES: tuple[Family, ...] = (
         windows="layer_types",
         notes="separate rotary bases for local and global layers; local layers slide",
     ),
-    Family("phi", ("phi",), norm="model.final_layernorm", notes="partial rotary"),
+    Family("phi", ("phi",), norm="model.final_layernorm", attention_output="dense", notes="partial rotary"),
     Family("phi3", ("phi3",), windows="config", notes="long-context rope picks frequencies from max(position) + 1"),
     Family("qwen2", ("qwen2",), windows="layer_types"),
     Family("qwen3", ("qwen3",), windows="layer_types"),
@@ -81,6 +84,7 @@ FAMILIES: tuple[Family, ...] = (
         layers="gpt_neox.layers",
         norm="gpt_neox.final_layer_norm",
         attention="attention",
+        attention_output="dense",
         kv_heads=None,
         notes="partial rotary",
     ),
@@ -92,6 +96,7 @@ FAMILIES: tuple[Family, ...] = (
         layers="transformer.h",
         norm="transformer.ln_f",
         attention="attn",
+        attention_output="c_proj",
         heads="n_head",
         kv_heads=None,
     ),
@@ -218,6 +223,22 @@ def attention_modules(model: Any) -> list[nn.Module]:
 def mlp_modules(model: Any) -> list[nn.Module]:
     """The feed-forward (MLP) module of each decoder layer, in layer order (one per layer)."""
     return _layer_parts(model, "mlp", "MLP")
+
+
+def attention_outputs(model: Any) -> list[nn.Module]:
+    """The output projection of each layer's attention module (the family's ``attention_output``), in layer order."""
+    family = family_of(model_of(model))
+    found = []
+    for index, attention in enumerate(attention_modules(model)):
+        module = getattr(attention, family.attention_output, None)
+        if not isinstance(module, nn.Module):
+            raise UnsupportedModelError(
+                f"{family.name}: the attention module of layer {index} ({type(attention).__name__}) has no output "
+                f"projection {family.attention_output!r}; its submodules are "
+                f"{', '.join(n for n, _ in attention.named_children())}"
+            )
+        found.append(module)
+    return found
 
 
 def head_counts(config: Any) -> tuple[int, int]:

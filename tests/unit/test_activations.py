@@ -270,7 +270,7 @@ def test_bad_names_positions_and_values_are_signal_errors() -> None:
         with patch(lm, signal, Patch("blocks.0.hook_mlp_out", [0, 1], torch.zeros(3, 64))):
             pass
     assert hooks(lm.model) == before
-    assert len(activation_names(lm)) == 3 * 5 + 1
+    assert len(activation_names(lm)) == 3 * 6 + 1
 
 
 def test_patterns_of_a_bfloat16_sdpa_model_run_eager_inside_its_float32_state() -> None:
@@ -286,3 +286,19 @@ def test_patterns_of_a_bfloat16_sdpa_model_run_eager_inside_its_float32_state() 
         assert torch.isfinite(got.rows(name)[b]).all()
         assert max_diff(got.rows(name)[b], want.rows(name)[b]) <= 0.05  # bfloat16 matmuls
     assert half.model.config._attn_implementation == "sdpa" and half.attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_head_outputs_through_the_output_projection_give_the_attention_output(family: str) -> None:
+    from contllm.families import attention_outputs
+
+    lm = ContinuousLM(tiny_model(family, "eager"))
+    signal = Signal.from_ids(prompt(N, 6), random_durations(N, 6))
+    layers = len(decoder_layers(lm))
+    names = [f"blocks.{i}.{p}" for i in range(layers) for p in ("attn.hook_z", "hook_attn_out")]
+    cache = run_with_cache(lm, signal, names=names)
+    for i, projection in enumerate(attention_outputs(lm)):
+        z = cache[f"blocks.{i}.attn.hook_z"][0]
+        assert z.shape[0] == N
+        with torch.no_grad():
+            assert max_diff(projection(z), cache[f"blocks.{i}.hook_attn_out"][0]) <= 1e-5
