@@ -9,35 +9,41 @@ without --resume or --force.
 
 from __future__ import annotations
 
+import importlib
+import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 import click
 import typer
 
-from contllm import registry
+from contllm import __version__, cli_index, logs, registry
 from contllm.errors import ContllmError, ExperimentError
-from contllm.models import DEFAULT_MODEL, REGISTRY
+from contllm.experiments.options import Option
+
+# Help pages answer at once: this module and the ones it imports at the top load neither
+# torch, transformers nor matplotlib (tests/unit/test_cli_startup.py holds it to that).
+# Help reads the experiments' declarations from contllm.cli_index; a run imports them.
 
 
 # `run` is a click group and the other commands are Typer's, whose main loop knows its own
 # exit exception: each command exits through the one its loop handles.
 Exit = type[Exception]
-
-
-def _fail(message: str, code: int = 2, exit_with: Exit = click.exceptions.Exit) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
-    raise exit_with(code)
-
 #: Longest error line the command line prints.
 MAX_ERROR = 400
 
-def _guarded(work: Callable[[], Any], exit_with: Exit = click.exceptions.Exit) -> Any:
-    """``work()``, with the toolkit's errors as one line and exit status 2, Ctrl-C as status 130."""
+
+def _fail(message: str, code: int = 2, exit_with: Exit = click.exceptions.Exit) -> NoReturn:
     if len(message) > MAX_ERROR:  # a value typed at great length is quoted, not echoed whole
         message = f"{message[:MAX_ERROR - 40]}... ({len(message)} characters)"
+    click.echo(f"error: {message}", err=True)
+    raise exit_with(code)
+
+
+def _guarded(work: Callable[[], Any], exit_with: Exit = click.exceptions.Exit) -> Any:
+    """``work()``, with the toolkit's errors as one line and exit status 2, Ctrl-C as status 130."""
     try:
         return work()
     except ContllmError as exc:
@@ -50,8 +56,9 @@ def _guarded(work: Callable[[], Any], exit_with: Exit = click.exceptions.Exit) -
         raise exit_with(130) from None
 
 
-def _say(message: str) -> None:
-    click.echo(message, err=True)
+def _showing_news() -> bool:
+    """Whether news and progress bars show (not under -q)."""
+    return logs.LOGGER.isEnabledFor(logging.INFO)
 
 
 class _OneLineCommand(click.Command):
@@ -66,33 +73,62 @@ class _OneLineCommand(click.Command):
             _fail(exc.format_message().replace("\n", " "))
 
 
-#: Options every experiment takes: (parameter declarations, click keyword arguments).
+def run_options(default_model: str, aliases: Sequence[str]) -> tuple[tuple[tuple[str, ...], dict[str, Any]], ...]:
+    """Options every experiment takes: (parameter declarations, click keyword arguments)."""
+    return (
+        (("--model", "-m"), {"default": default_model, "show_default": True, "metavar": "NAME",
+                             "help": f"Embedded alias ({', '.join(aliases)}), Hugging Face id or local directory."}),
+    ) + RUN_OPTIONS
+
+
+#: Options every experiment takes besides --model.
 RUN_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
-    (("--model", "-m"), {"default": DEFAULT_MODEL, "show_default": True,
-                         "help": f"Embedded alias ({', '.join(REGISTRY)}), Hugging Face id or local directory."}),
-    (("--device",), {"default": "auto", "show_default": True, "help": "auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."}),
-    (("--dtype",), {"default": None, "help": "float32 (default on CPU), bfloat16 or float16."}),
-    (("--items",), {"default": None, "help": "The first N items, or a comma-separated list of item ids. [default: all]"}),
-    (("--out", "-o"), {"default": None, "type": click.Path(path_type=Path),
+    (("--device",), {"default": "auto", "show_default": True, "metavar": "DEVICE",
+                     "help": "auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."}),
+    (("--dtype",), {"default": None, "metavar": "[float32|bfloat16|float16]",
+                    "help": "Precision of the model's weights and activations. [default: float32]"}),
+    (("--items",), {"default": None, "metavar": "N|ID,...",
+                    "help": "The first N items, or a comma-separated list of item ids. [default: all]"}),
+    (("--out", "-o"), {"default": None, "type": click.Path(),  # kept as typed: '' is refused, not taken as "."
                        "help": "Run directory. [default: runs/<experiment>-<model>-<time>]"}),
     (("--resume",), {"is_flag": True, "help": "Continue the run in --out, skipping finished items."}),
     (("--force",), {"is_flag": True, "help": "Replace the run in --out."}),
-    (("--seed",), {"default": 0, "type": int, "show_default": True, "help": "Random seed (recorded in config.json)."}),
+    (("--seed",), {"default": 0, "type": click.INT, "show_default": True, "help": "Random seed (recorded in config.json)."}),
     (("--item-figures/--no-item-figures",), {"default": True, "show_default": True, "help": "Also draw one figure per item."}),
 )
 #: Options of the experiments that evaluate through the batched engine.
 ENGINE_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
-    (("--max-batch-tokens",), {"default": None, "type": int,
+    (("--max-batch-tokens",), {"default": None, "type": click.INT,
                                "help": "Most tokens computed in one forward (rows x padded length after a shared prefix): the memory budget. [default: automatic]"}),
     (("--device-map",), {"default": None,
                          "help": "auto: spread a model too large for one device over the GPUs (accelerate); --device is then unused."}),
 )
 
 
-def experiment_command(name: str) -> click.Command:
-    """The ``contllm run NAME`` command of a registered experiment, built from its declaration."""
-    experiment = registry.get(name)
-    params: list[click.Parameter] = [click.Option(list(decls), **kwargs) for decls, kwargs in RUN_OPTIONS]
+#: What --help shows for each kind of experiment option; the values are read by the
+#: experiment's declaration (contllm.experiments.options), so that the command line,
+#: spec files and Python read them alike.
+METAVARS = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "ints": "INTEGER,...", "floats": "FLOAT,...",
+            "words": "TEXT,...", "range": "MIN,MAX"}
+
+
+def _metavar(option: Option) -> str:
+    if option.choices:
+        listed = "[" + "|".join(option.choices) + "]"
+        return listed + ",..." if option.kind == "words" else listed
+    return METAVARS.get(option.kind, "TEXT")
+
+
+def experiment_command(name: str, *, indexed: bool = False) -> click.Command:
+    """The ``contllm run NAME`` command of a registered experiment, built from its declaration.
+
+    indexed: read the declaration from :mod:`contllm.cli_index` (for help pages, without
+    importing the experiment) where it holds it; a run imports the experiment.
+    """
+    experiment = cli_index.declaration(name, indexed=indexed)
+    params: list[click.Parameter] = [
+        click.Option(list(decls), **kwargs) for decls, kwargs in run_options(*cli_index.models(indexed=indexed))
+    ]
     if experiment.engine:
         params += [click.Option(list(decls), **kwargs) for decls, kwargs in ENGINE_OPTIONS]
     taken = {p.name for p in params} & {o.name for o in experiment.options}
@@ -103,7 +139,8 @@ def experiment_command(name: str) -> click.Command:
             flag = option.flag or f"--{option.name.replace('_', '-')}/--no-{option.name.replace('_', '-')}"
             params.append(click.Option([flag, option.name], default=None, help=option.help))
         else:
-            params.append(click.Option([option.cli_flag, option.name], default=None, type=str, help=option.help))
+            params.append(click.Option([option.cli_flag, option.name], default=None, type=str,
+                                       metavar=_metavar(option), help=option.help))
     run_keys = {p.name for p in params} - {o.name for o in experiment.options}
 
     def callback(**values: Any) -> None:
@@ -115,7 +152,7 @@ def experiment_command(name: str) -> click.Command:
 
         def start() -> Any:
             settings = RunSettings(**{k: v for k, v in values.items() if k in run_keys and k in SETTINGS})
-            return run(name, options=given, settings=settings, say=_say, progress=True, **where)
+            return run(name, options=given, settings=settings, progress=_showing_news(), **where)
 
         path = _guarded(start)
         if _is_main_process():  # under a launch every process returns the path; one prints it
@@ -144,7 +181,8 @@ def spec_command(path: str) -> click.Command:
     def callback(out: Path | None, resume: bool, force: bool, device: str | None, dtype: str | None) -> None:
         from contllm.spec import run_spec
 
-        written = _guarded(lambda: run_spec(Path(path), out=out, resume=resume, force=force, device=device, dtype=dtype, say=_say))
+        say = logs.note if _showing_news() else None  # no say: no progress bars either
+        written = _guarded(lambda: run_spec(Path(path), out=out, resume=resume, force=force, device=device, dtype=dtype, say=say))
         if _is_main_process():
             for run_dir in written:
                 click.echo(str(run_dir))
@@ -180,15 +218,15 @@ class RunGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return registry.names()
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: click.Context, cmd_name: str, *, helping: bool = False) -> click.Command | None:
         if registry.known(cmd_name):
-            return _guarded(lambda: experiment_command(cmd_name))
+            return _guarded(lambda: experiment_command(cmd_name, indexed=helping))
         if _is_spec(cmd_name):
             return spec_command(cmd_name)
         return None
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
-        command = self.get_command(ctx, args[0])
+        command = self.get_command(ctx, args[0], helping="--help" in args[1:])
         if command is None:
             _fail(f"unknown experiment {args[0]!r}; known experiments: {', '.join(registry.names())} (or a .toml spec)")
         return command.name, command, args[1:]
@@ -197,7 +235,7 @@ class RunGroup(click.Group):
         rows = []
         for name in registry.names():
             try:
-                rows.append((name, registry.get(name).help))
+                rows.append((name, cli_index.declaration(name).help))
             except ContllmError as exc:
                 rows.append((name, f"(unavailable: {exc})"))
         rows.append(("SPEC.toml", "a spec file: several models x several experiments"))
@@ -228,8 +266,43 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help, like `contllm run NAME --help`; rich's formatter costs a third of a second
+    # The top level declares its own --help (see _toolkit): Typer's builds a pydantic
+    # adapter (half a second of imports) for its help flag whenever the flag is absent.
+    context_settings={"help_option_names": []},
     help="Probe the implicit continuity of pretrained language models.",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"contllm {__version__}")
+        raise typer.Exit()
+
+
+def _print_help(ctx: typer.Context, value: bool) -> None:
+    if value:
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+
+
+#: Sub-commands take --help as usual (the top level turns the default off for its own).
+HELP = {"help_option_names": ["--help"]}
+
+
+@app.callback()
+def _toolkit(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print contllm's version and exit."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Warnings and errors only on stderr: no news, no progress bars."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Details too (DEBUG on the contllm logger)."),
+    _help: bool = typer.Option(False, "--help", callback=_print_help, is_eager=True, expose_value=False,
+                               help="Show this message and exit."),
+) -> None:
+    """Probe the implicit continuity of pretrained language models."""
+    if quiet and verbose:
+        _fail("--quiet and --verbose exclude each other; give one", exit_with=typer.Exit)
+    logs.configure(-1 if quiet else 1 if verbose else 0)
 
 
 # `run` is its own click group, built from the registry: Typer hands it every argument.
@@ -243,7 +316,7 @@ def run(ctx: typer.Context) -> None:
     RUN_GROUP.main(args=list(ctx.args), prog_name="contllm run", standalone_mode=True)
 
 
-@app.command()
+@app.command(context_settings=HELP)
 def models(
     cache_dir: Optional[Path] = typer.Option(None, help="Cache of converted models. [default: $CONTLLM_CACHE or ~/.cache/contllm]"),
 ) -> None:
@@ -254,9 +327,9 @@ def models(
         typer.echo(line)
 
 
-@app.command()
+@app.command(context_settings=HELP)
 def report(
-    run_dirs: list[Path] = typer.Argument(..., help="Run directories of one experiment to summarise and compare."),
+    run_dirs: list[Path] = typer.Argument(..., metavar="RUN_DIR...", help="Run directories of one experiment to summarise and compare."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory for summary.md, summary.csv and the comparison figure."),
     force: bool = typer.Option(False, "--force", help="Replace the report's files in --out."),
 ) -> None:
@@ -265,6 +338,21 @@ def report(
 
     for path in _guarded(lambda: write_report(run_dirs, out, force=force), typer.Exit):
         typer.echo(str(path))
+
+
+#: Commands kept in modules of their own: "name": "module:function", a Typer command
+#: function. Adding one is its module and one line here; the module imports nothing heavy
+#: at its top (its function imports what its work needs), so that --help stays fast.
+COMMANDS: dict[str, str] = {}
+
+
+def _register(commands: dict[str, str]) -> None:
+    for name, target in commands.items():
+        module, _, function = target.partition(":")
+        app.command(name, context_settings=HELP)(getattr(importlib.import_module(module), function))
+
+
+_register(COMMANDS)
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from contllm import registry
 from contllm.data import select_items
 from contllm.errors import ExperimentError, RunDirectoryError
 from contllm.experiments.base import Experiment, RunContext
+from contllm.logs import note
 from contllm.outputs import save
 from contllm.runs import RunDir, base_manifest, default_out, now
 from contllm.settings import RunSettings, group_bytes_from_env
@@ -56,7 +57,7 @@ def context_for(lm: Any, *, seed: int = 0, say: Say | None = None, model_name: s
 
         evaluate = Engine(lm, max_batch_tokens=max_batch_tokens).probs
     model = model_name or getattr(getattr(lm, "info", None), "name", None) or "model"
-    return RunContext(evaluate=evaluate, seed=seed, say=say or _quiet, model_name=str(model),
+    return RunContext(evaluate=evaluate, seed=seed, say=say or note, model_name=str(model),
                       max_batch_tokens=max_batch_tokens,
                       group_bytes=group_bytes_from_env() if group_bytes is None else group_bytes)
 
@@ -156,7 +157,7 @@ class CheckedRun:
     resolved: dict[str, Any]  # what config.json records, and what --resume must match
     chosen: list[str]  # the item ids, in order
     progress: bool = False
-    say: Say = _quiet
+    say: Say = note
 
     @property
     def name(self) -> str:
@@ -196,7 +197,7 @@ def check_run(
     settings.check_for(experiment)
     chosen = [item.id for item in select_items(experiment.items(config), settings.items)]
     resolved = {"experiment": name, **settings.recorded(), "options": experiment.config_dict(config)}
-    return CheckedRun(experiment, config, settings, resolved, chosen, progress, say or _quiet)
+    return CheckedRun(experiment, config, settings, resolved, chosen, progress, say or note)
 
 
 def run(
@@ -213,7 +214,8 @@ def run(
 
     checked (see :func:`check_run`): options or config, settings or the fields of a
     :class:`~contllm.settings.RunSettings` (model, items, seed, dtype, max_batch_tokens,
-    device_map, item_figures, group_bytes), say (where news lines go), progress (a
+    device_map, item_figures, group_bytes), say (where news lines go; default: the
+    ``contllm`` logger at INFO, see :mod:`contllm.logs`), progress (a
     progress bar on stderr). lm: an already loaded model (then ``model`` only names it).
     out: the run directory (default runs/<name>-<model>-<time>); resume: continue the run
     there (its config.json must match); force: replace the run there.

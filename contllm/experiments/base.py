@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from contllm.errors import ExperimentError
 from contllm.experiments.options import Option, build_config, config_dict
+from contllm.logs import note
 
 
 class Item(Protocol):
@@ -132,7 +133,8 @@ class RunContext:
 
     evaluate: signals -> next-token distributions [S, vocab] through the run's batched
         engine (always set by the runner, with the run's token budget).
-    seed: the run's seed. say: one line of news for the user (stderr; nothing when quiet).
+    seed: the run's seed. say: one line of news for the user (default: INFO on the
+        ``contllm`` logger, :mod:`contllm.logs`).
     model_name: how the run names the model (alias, hub id or directory).
     max_batch_tokens: the run's token budget per forward (None: automatic), for
         experiments that batch the model themselves (attribution's gradients).
@@ -141,7 +143,7 @@ class RunContext:
 
     evaluate: Callable[[list[Any]], Any]
     seed: int = 0
-    say: Callable[[str], None] = field(default=lambda message: None)
+    say: Callable[[str], None] = field(default=note)
     model_name: str = "model"
     max_batch_tokens: int | None = None
     group_bytes: int = 0

@@ -30,12 +30,14 @@ class Option:
         names), range ("MIN,MAX" or [MIN, MAX], setting the fields ``low`` and ``high``).
     help: one sentence for ``--help``, with the default.
     flag: the command-line spelling when it is not ``--name`` (e.g. "--chat/--no-chat").
+    choices: the values a str or words option takes, for ``--help`` (the config checks them).
     """
 
     name: str
     kind: Kind
     help: str
     flag: str | None = None
+    choices: tuple[str, ...] = ()
 
     @property
     def cli_flag(self) -> str:
@@ -51,7 +53,7 @@ class Option:
 
 
 #: The interpolation method, as every experiment that interpolates takes it.
-METHOD = Option("method", "str", "linear or slerp interpolation. [default: linear]")
+METHOD = Option("method", "str", "linear or slerp interpolation. [default: linear]", choices=("linear", "slerp"))
 #: An integer as typed: ASCII digits with an optional sign, at most 30 of them.
 _INTEGER = re.compile(r"[+-]?[0-9]{1,30}")
 #: Largest magnitude of a range's ends: no signal time past 1e7 can be represented (see

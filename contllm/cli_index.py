@@ -1,0 +1,123 @@
+"""What the command line's help shows of the built-in experiments, without importing them.
+
+An experiment's declaration (its help, description, options and metrics) lives in its
+module, which imports torch and transformers at the top; ``contllm --help`` and
+``contllm run NAME --help`` read this index of those declarations instead, a JSON file
+shipped with the package (:data:`INDEX_PATH`). The index is derived, never edited by
+hand: ``python -m contllm.cli_index`` rewrites it from the registered experiments, and a
+unit test fails while it differs from them. A run always builds its command from the
+experiment itself, so a stale index could only make a help page wrong, never a run.
+Experiments that installed packages register are not indexed; their help imports them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from contllm import registry
+from contllm.errors import ExperimentError
+from contllm.experiments.base import Metric
+from contllm.experiments.options import Option
+
+#: The index shipped with the package.
+INDEX_PATH = Path(__file__).with_name("cli_index.json")
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What the command line needs of an experiment: its texts, options and metrics.
+
+    entry: the registry's "module:ATTR" it was read from. engine: whether the experiment
+    evaluates through the batched engine (and so takes --max-batch-tokens, --device-map).
+    """
+
+    name: str
+    entry: str
+    help: str
+    description: str
+    engine: bool
+    options: tuple[Option, ...]
+    metrics: tuple[Metric, ...]
+
+    @classmethod
+    def of(cls, experiment: Any, entry: str) -> Declaration:
+        """The declaration of an imported :class:`~contllm.experiments.base.Experiment`."""
+        return cls(
+            name=experiment.name,
+            entry=entry,
+            help=experiment.help,
+            description=experiment.description,
+            engine=bool(experiment.engine),
+            options=tuple(experiment.options),
+            metrics=tuple(experiment.metrics),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["options"] = [{k: v for k, v in asdict(o).items() if v not in (None, ())} for o in self.options]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Declaration:
+        options = tuple(Option(**{**o, "choices": tuple(o.get("choices", ()))}) for o in data["options"])
+        return cls(**{**data, "options": options, "metrics": tuple(Metric(**m) for m in data["metrics"])})
+
+
+def build() -> dict[str, Any]:
+    """The index, read from the registered built-in experiments and the model catalog (imports them all)."""
+    from contllm.models import DEFAULT_MODEL, REGISTRY
+
+    entries = {name: entry for name, entry in registry.EXPERIMENTS.items() if entry.startswith("contllm.")}
+    return {
+        "models": {"default": DEFAULT_MODEL, "aliases": list(REGISTRY)},
+        "experiments": {name: Declaration.of(registry.get(name), entry).to_dict() for name, entry in entries.items()},
+    }
+
+
+def write(path: Path = INDEX_PATH) -> Path:
+    """Rewrite the index at ``path`` from the experiments; returns the path."""
+    path.write_text(json.dumps(build(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+@cache
+def _index() -> dict[str, Any]:
+    try:
+        data = json.loads(INDEX_PATH.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # a checkout that lost it: help then imports the experiments
+        return {"models": None, "experiments": {}}
+    return data if isinstance(data, dict) else {"models": None, "experiments": {}}
+
+
+def declaration(name: str, *, indexed: bool = True) -> Declaration:
+    """The declaration of the registered experiment ``name``: from the index where it holds it (and ``indexed``), else imported.
+
+    An index entry whose "module:ATTR" is not the registry's (a re-registered name) is
+    not used. ExperimentError for an unknown name.
+    """
+    entry = registry.EXPERIMENTS.get(name) if registry.known(name) else None
+    if entry is None:
+        registry.get(name)  # raises the registry's error naming the known experiments
+        raise ExperimentError(f"unknown experiment {name!r}")
+    held = _index()["experiments"].get(name) if indexed else None
+    if held is not None and held.get("entry") == entry:
+        return Declaration.from_dict(held)
+    return Declaration.of(registry.get(name), entry)
+
+
+def models(*, indexed: bool = True) -> tuple[str, list[str]]:
+    """(the default model, the embedded aliases): from the index where it holds them (and ``indexed``), else imported."""
+    held = _index()["models"] if indexed else None
+    if isinstance(held, dict):
+        return held["default"], list(held["aliases"])
+    from contllm.models import DEFAULT_MODEL, REGISTRY
+
+    return DEFAULT_MODEL, list(REGISTRY)
+
+
+if __name__ == "__main__":
+    print(write())
