@@ -247,6 +247,8 @@ class AttributionExperiment(Experiment):
 
     def items(self, config: AttributionConfig) -> Sequence[Any]:
         items = list(registry.get(config.dataset).items(config.dataset_config()))
+        if config.first > len(items):  # as --items 999 is refused, not silently cut to what there is
+            raise ExperimentError(f"--first {config.first}: the {config.dataset} dataset has {len(items)} items")
         return items[: config.first] if config.first else items
 
     def plan(self, lm: Any, item: Any, config: AttributionConfig) -> tuple[Any, list[int], list[int], Readout, Any]:

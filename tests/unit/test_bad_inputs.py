@@ -180,6 +180,10 @@ EARLY_CASES = {
     "translation-range": (["run", "translation", "--range", "-1e9,1e9"], "--range must lie within"),
     "device-meta": (["run", "counting", "--device", "meta"], "device 'meta' cannot hold a model"),
     "device-xla": (["run", "counting", "--device", "xla"], "device 'xla' cannot hold a model"),
+    "template-conversion": (["run", "counting", "--template", "{words!r}", "--samples", "2"],
+                            "template fields take no conversion or format, got {words!r}"),
+    "attribution-first-past-the-dataset": (["run", "attribution", "--first", "100000", "--steps", "8"],
+                                           "--first 100000: the counting dataset has 130 items"),
 }
 
 
