@@ -225,11 +225,14 @@ def run_with_cache(
         stack.enter_context(evaluation(lm))
         for point in points:
             stack.enter_context(_reader(point, keep, keep_pattern))
-        logits, _ = lm.forward_batch(batch)
+        # Only the read columns go through the vocabulary projection.
+        kept = sorted({int(c) for row in columns for c in row})
+        logits, _ = lm.forward_batch(batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
     missing = [name for name in wanted if name not in stored]
     if missing:
         raise UnsupportedModelError(f"the forward never reached {', '.join(missing)}")
-    rows = [logits[b, columns[b].to(logits.device)].float().cpu() for b in range(len(items))]
+    at = {c: i for i, c in enumerate(kept)}
+    rows = [logits[b, [at[int(c)] for c in columns[b]]].float().cpu() for b in range(len(items))]
     times = [s.times[r] for s, r in zip(items, reads)]
     return ActivationCache({name: stored[name] for name in wanted}, reads, times, rows)
 
