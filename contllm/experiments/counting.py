@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from contllm.data import CountingItem, load_counting
-from contllm.data.paper import COUNTING_FIELDS, counting_rows
-from contllm.data.user import DataFileOption, Row, data_option_help, read_items
+from contllm.data import COUNTING_SCHEMA, CountingItem, load_counting, read_counting
+from contllm.data.user import DataFileOption, data_option_help
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, SweepPlan, Sweep, scaled_plan, sweep_options
+from contllm.experiments.sweeps import PROTOCOL, CountingSweepExperiment, DurationSweepConfig, SweepPlan, Sweep, scaled_plan, sweep_options
 from contllm.lm import ContinuousLM
 
 #: Few-shot completions: fifteen short words, each repeated 2 to 6 times (every count three
@@ -29,7 +27,7 @@ SHOTS = (
 )
 DEFAULT_TEMPLATE = "".join(f'"{" ".join([w] * n)}" contains {n} words.\n' for w, n in SHOTS) + '"{words}" contains '
 
-#: The paper's zero-shot question, kept for comparison and for larger instruct models.
+#: The paper's zero-shot question (its protocol's prompt; {article} is its category_with_article).
 QUESTION_TEMPLATE = (
     'Question: In the sentence "{words}", how many times is {article} mentioned? '
     "Reply with a single-digit number\nAnswer: "
@@ -41,29 +39,12 @@ CHAT_TEMPLATE = 'How many times does the word "{word}" occur in "{words}"? Reply
 FIELDS = ("words", "word", "article", "category")
 
 #: What a row of a --data file holds, for --help and the README.
-DATA_SCHEMA = (
-    "word, n (1-9) and optionally id, article ('an apple'), category ('fruits'); or the paper's "
-    + ", ".join(COUNTING_FIELDS)
-    + " (repetitions: a count or a list of counts)"
-)
-
-
-def read_counting(path: str | Path) -> list[CountingItem]:
-    """The counting items of a dataset file (:data:`DATA_SCHEMA`); ExperimentError naming file, row and field."""
-    return read_items(path, _counting_item, counting_rows)
-
-
-def _counting_item(row: Row) -> CountingItem:
-    word = row.get("word")
-    n = row.get("n", int, check=lambda v: None if 1 <= v <= 9 else f"must be from 1 to 9 (a digit is read out), got {v}")
-    article = row.get("article", str, default=f"{'an' if word[0].lower() in 'aeiou' else 'a'} {word}")
-    return CountingItem(id=row.get("id", str, default=f"count-{row.number:03d}"), word=word, article=article,
-                        category=row.get("category", str, default="things"), n=n, multi_token=False)
+DATA_SCHEMA = COUNTING_SCHEMA
 
 
 @dataclass
 class CountingConfig(DurationSweepConfig, DataFileOption,
-                     prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("words",))):
+                     prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("words",)), paper=QUESTION_TEMPLATE):
     """Options of the counting experiment.
 
     template: prompt with a {words} field (the repeated word) and optionally {word},
@@ -116,6 +97,7 @@ class CountingExperiment(CountingSweepExperiment):
     options = (
         *sweep_options("the duration factor c", "0.1,1.0", 10),
         Option("data", "str", data_option_help(DATA_SCHEMA)),
+        PROTOCOL,
     )
 
     def items(self, config: CountingConfig) -> Sequence[CountingItem]:

@@ -7,17 +7,15 @@ action"); the digits 0-9 after the answer prefix are read out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
-from contllm.data import EventItem, load_events
-from contllm.data.paper import EVENTS_FIELDS, events_rows
-from contllm.data.user import DataFileOption, Row, data_option_help, read_items
+from contllm.data import EVENTS_SCHEMA, EventItem, load_events, read_events
+from contllm.data.user import DataFileOption, data_option_help
 from contllm.errors import ExperimentError
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, SweepPlan, Sweep, scaled_plan, sweep_options
+from contllm.experiments.sweeps import PROTOCOL, CountingSweepExperiment, DurationSweepConfig, SweepPlan, Sweep, scaled_plan, sweep_options
 from contllm.lm import ContinuousLM
 
 #: Worked examples (two stories, two tutorials; 2, 5, 3 and 6 events) in the item's own
@@ -55,27 +53,7 @@ CHAT_TEMPLATE = "{events}\n{question} Reply with a single digit."
 FIELDS = ("events", "question", "answer_prefix")
 
 #: What a row of a --data file holds, for --help and the README.
-DATA_SCHEMA = (
-    "events (a list of sentences, 1-9), question, answer_prefix and optionally id, kind; or the paper's "
-    + ", ".join(EVENTS_FIELDS)
-    + " (the whole prompt, ending in its answer prefix)"
-)
-
-
-def read_events(path: str | Path) -> list[EventItem]:
-    """The event passages of a dataset file (:data:`DATA_SCHEMA`); ExperimentError naming file, row and field."""
-    return read_items(path, _event_item, events_rows)
-
-
-def _event_item(row: Row) -> EventItem:
-    events = row.strings("events")
-    if len(events) > 9:
-        raise row.error(f"holds {len(events)} events; at most 9 (a digit is read out)", "events")
-    n = row.get("n", int, default=len(events))
-    if n != len(events):
-        raise row.error(f"is {n} but the row lists {len(events)} events", "n")
-    return EventItem(id=row.get("id", str, default=f"passage-{row.number:03d}"), kind=row.get("kind", str, default="passage"),
-                     events=tuple(events), question=row.get("question"), answer_prefix=row.get("answer_prefix"), n=n)
+DATA_SCHEMA = EVENTS_SCHEMA
 
 
 @dataclass
@@ -89,6 +67,7 @@ class EventsConfig(DurationSweepConfig, DataFileOption,
     event: 0 scales every event together; k in 1..n scales only the k-th event.
     data: a dataset file (:func:`read_events`) instead of the built-in passages; its
         contents' sha256 is kept in data_sha256, so that a resumed run refuses a changed file.
+    protocol: "paper" writes each passage as the paper does (:func:`paper_prompt`).
     """
 
     event: int = 0
@@ -100,7 +79,34 @@ class EventsConfig(DurationSweepConfig, DataFileOption,
         self.read_data(read_events)
 
 
+#: The paper's question after a passage: its instruction, then the answer's start (stories
+#: follow the passage on the next line; tutorials after an empty line).
+PAPER_QUESTION = "Question: {question} Reply with a single-digit number\n{answer_prefix} "
+
+
+def paper_prompt(item: EventItem) -> Rendered:
+    """The paper's prompt of a passage, with the span of each event ("events") and the paper's scaled block ("block").
+
+    A row of the paper's files keeps its own prompt (:attr:`EventItem.prompt`, title and
+    bullets included). Otherwise a tutorial is written as "- " bullets and a story as
+    sentences, then :data:`PAPER_QUESTION`. An event's span starts at its bullet; the
+    block runs from the first event's bullet to the last event's full stop, newlines
+    and bullets between included, as the paper scales it.
+    """
+    if item.prompt is None:
+        tutorial = item.kind == "tutorial"
+        passage = ("- " + "\n- ".join(item.events)) if tutorial else " ".join(item.events)
+        question = PAPER_QUESTION.format(question=item.question, answer_prefix=item.answer_prefix)
+        item = replace(item, prompt=passage + ("\n\n" if tutorial else "\n") + question)
+    text, spans = str(item.prompt), item.event_spans()
+    spans = [(a - 2 if text[max(0, a - 2):a] == "- " else a, b) for a, b in spans]
+    return Rendered(text, {"events": spans, "block": [(spans[0][0], spans[-1][1])]})
+
+
 def render_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> Rendered:
+    if config.protocol == "paper" and config.template is None:
+        rendered = paper_prompt(item)
+        return apply_chat(lm.tokenizer, rendered, reply_prefix=item.answer_prefix) if config.chat else rendered
     values = dict(zip(FIELDS, (list(item.events), item.question, item.answer_prefix)))
     rendered = render(config.resolved_template(), values, required=("events",))
     if config.chat:
@@ -114,7 +120,7 @@ def plan_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> SweepP
     spans = rendered.spans["events"]
     if config.event > len(spans):
         raise ExperimentError(f"item {item.id} has {len(spans)} events; event {config.event} does not exist")
-    chosen = spans if config.event == 0 else [spans[config.event - 1]]
+    chosen = rendered.spans.get("block", spans) if config.event == 0 else [spans[config.event - 1]]
     meta = {"kind": item.kind, "n": item.n, "event": config.event}
     return scaled_plan(lm, item.id, rendered.text, chosen, config, str(item.n), meta)
 
@@ -132,6 +138,7 @@ class EventsExperiment(CountingSweepExperiment):
         *sweep_options("the duration factor c", "0.1,1.0", 10),
         Option("event", "int", "Scale only this event (1-based; passages with fewer events are left out); 0 scales all. [default: 0]"),
         Option("data", "str", data_option_help(DATA_SCHEMA)),
+        PROTOCOL,
     )
 
     def items(self, config: EventsConfig) -> Sequence[EventItem]:

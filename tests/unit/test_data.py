@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import operator
 import re
 from collections import Counter
@@ -15,9 +16,12 @@ from contllm.data import (
     EVENT_RANGE,
     CountingItem,
     EventItem,
+    builtin_path,
     load_boolean,
     load_counting,
     load_events,
+    read_counting,
+    read_events,
     select_items,
 )
 from contllm.errors import ExperimentError
@@ -231,25 +235,26 @@ def _story(**changes: object) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("items", "message"),
     [
-        ([_story(n=4)], "story-001: n = 4 but it lists 3 events"),
-        ([_story(events=["A.", "B."], n=2)], r"story-001: n = 2 is outside 3\.\.7"),
-        ([_story(), _story()], "item id 'story-001' occurs more than once"),
-        ([_story(kind="poem")], "kind 'poem' is not one of story, tutorial"),
-        ([_story(n="3")], "field 'n' must be int, got str"),
-        ([_story(events=["She sat.", "She sat.", "Done."])], "does not occur exactly once"),
+        ([_story(n=4)], "row 1, field 'n': is 4 but the row lists 3 events"),
+        ([_story(), _story()], "row 2: id 'story-001' repeats row 1"),
+        ([_story(n="3")], "row 1, field 'n': must be an integer, got str '3'"),
+        ([_story(events=[])], "row 1, field 'events': must be a list of at least 1 non-empty string"),
+        ([_story(events=[f"Step {k}." for k in range(10)], n=10)], "holds 10 events; at most 9"),
     ],
 )
-def test_malformed_events_are_rejected(
-    monkeypatch: pytest.MonkeyPatch, items: list[dict[str, object]], message: str
+def test_malformed_events_are_rejected_by_the_reader_of_the_builtin_file(
+    tmp_path: Path, items: list[dict[str, object]], message: str
 ) -> None:
-    import contllm.data as data
+    path = tmp_path / "events.json"
+    path.write_text(json.dumps({"items": items}))
+    with pytest.raises(ExperimentError, match=re.escape(message)) as info:
+        read_events(path)
+    assert "\n" not in str(info.value)
 
-    monkeypatch.setattr(data, "_read", lambda filename: {"items": items})
-    data._events.cache_clear()
-    try:
-        with pytest.raises(ExperimentError, match=message):
-            data.load_events()
-    finally:
-        monkeypatch.undo()
-        data._events.cache_clear()
-    assert data.load_events()
+
+@pytest.mark.unit
+def test_builtin_files_are_read_by_the_data_file_readers() -> None:
+    """The built-in items are what the --data readers make of the shipped files: one reader per schema."""
+    assert read_counting(builtin_path("counting.json")) == load_counting()
+    assert read_events(builtin_path("events.json")) == load_events()
+    assert sum(item.multi_token for item in load_counting()) > 0
