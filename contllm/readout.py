@@ -85,6 +85,30 @@ BINARY_SPELLINGS: dict[str, Sequence[str]] = {"0": ["0"], "1": ["1"]}
 TRUTH_WORD_SPELLINGS: dict[str, Sequence[str]] = {"false": ["false", "False"], "true": ["true", "True"]}
 
 
+#: The paper's read-outs: a label is every token that contains one of these (lower-cased).
+PAPER_YES_NO: dict[str, Sequence[str]] = {"yes": ["yes"], "no": ["no"]}
+PAPER_TRUTH: dict[str, Sequence[str]] = {"0": ["0", "fa"], "1": ["1", "tr"]}
+
+
+def containing(tokenizer: Any, pieces: dict[str, Sequence[str]]) -> TokenSets:
+    """The paper's way of reading out: a label's tokens are those whose decoded text, lower-cased, contains one of its pieces.
+
+    Broader than :meth:`TokenSets.build` ("no" takes "not" and "know"); kept so that the
+    paper's numbers can be reproduced. A token that contains pieces of two labels is left
+    out of both, since the sets may not overlap. ExperimentError for a label no token holds.
+    """
+    found: dict[str, list[int]] = {label: [] for label in pieces}
+    for i, text in enumerate(decoded_vocabulary(tokenizer)):
+        lower = text.lower()
+        labels = [label for label, parts in pieces.items() if any(part in lower for part in parts)]
+        if len(labels) == 1:
+            found[labels[0]].append(i)
+    missing = [label for label, ids in found.items() if not ids]
+    if missing:
+        raise ExperimentError(f"no token of this tokenizer contains {', '.join(map(repr, missing))}")
+    return TokenSets(tuple(found), tuple(tuple(ids) for ids in found.values()))
+
+
 def digits(tokenizer: Any) -> TokenSets:
     """Token sets of the digits 0-9."""
     return TokenSets.build(tokenizer, DIGIT_SPELLINGS)

@@ -40,14 +40,18 @@ __all__ = [
     "COUNTING_FIELDS",
     "EVENTS_FIELDS",
     "SUMS_FIELDS",
+    "PAPER_COUNTS",
     "counting_rows",
+    "refuse_material",
     "events_rows",
     "in_shape",
     "parse_passage",
     "sums_rows",
 ]
 
-COUNTING_FIELDS = ("word", "category", "category_with_article", "repetitions")
+COUNTING_FIELDS = ("word", "category", "category_with_article")
+#: The counts the paper's script asks each word of ``words.json`` (which has no ``repetitions``) with.
+PAPER_COUNTS = (3, 4, 5)
 EVENTS_FIELDS = ("sentence", "num_sentences")
 SUMS_FIELDS = ("template", "fields", "shrink_1")
 
@@ -82,7 +86,7 @@ def _counting_fields(row: Row) -> list[dict[str, Any]]:
     word = row.get("word")
     category = row.get("category")
     article = row.get("category_with_article")
-    counts = row.get("repetitions", (int, list))
+    counts = row.get("repetitions", (int, list), default=list(PAPER_COUNTS))
     many = isinstance(counts, list)
     if many and not counts:
         raise row.error("is an empty list", "repetitions")
@@ -140,11 +144,14 @@ def _events_fields(row: Row) -> list[dict[str, Any]]:
         events, question, prefix = parse_passage(text)
     except ValueError as err:
         raise row.error(str(err), "sentence") from None
+    dashed = any(_DASH.match(line) for line in text.splitlines())
+    if not dashed and len(events) == n + 1:
+        events = events[1:]  # the story's opening sentence sets the scene; it is not an event
     if len(events) != n:
-        how = "lines starting with '- '" if any(_DASH.match(line) for line in text.splitlines()) else "sentences"
+        how = "lines starting with '- '" if dashed else "sentences, the first one a prelude"
         raise row.error(f"holds {len(events)} events ({how}) but num_sentences is {n}", "sentence")
-    return [{"id": f"passage-{row.number:03d}", "kind": "passage", "events": events, "question": question,
-             "answer_prefix": prefix, "n": n}]
+    return [{"id": f"passage-{row.number:03d}", "kind": "tutorial" if dashed else "story", "events": events,
+             "question": question, "answer_prefix": prefix, "n": n, "prompt": text}]
 
 
 def _whole(row: Row, name: str, value: Any) -> int:
@@ -199,3 +206,22 @@ def _sums_fields(row: Row) -> list[dict[str, Any]]:
         raise row.error(f"must be true or false, got {shrink!r}", "shrink_1")
     return [{"id": f"sum-{row.number:03d}", "problem": problem, "name": name or None, "first": first,
              "second": second, "scaled": "first" if shrink else "second"}]
+
+
+#: The paper's files that hold the material its datasets were generated from, not an
+#: experiment's input: (fields that mark a row of one, what it is, which file to give instead).
+MATERIAL = (
+    (("prelude", "sentences"), "the paper's material for generating stories (counting_events_raw.json)",
+     "counting_events.json or counting_events_seq.json"),
+    (("formula",), "the paper's material for generating sums (sums_raw.json: candidate lists and a formula)",
+     "sums.json"),
+)
+
+
+def refuse_material(rows: Sequence[Row]) -> None:
+    """ExperimentError of one line when the file is one of the paper's generation materials (:data:`MATERIAL`)."""
+    if not rows:
+        return
+    for fields, what, instead in MATERIAL:
+        if all(name in rows[0].fields for name in fields):
+            raise rows[0].error(f"this file is {what}, not an experiment's input; give {instead}")

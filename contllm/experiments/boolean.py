@@ -20,11 +20,11 @@ from contllm.errors import ExperimentError
 from contllm.experiments.options import METHOD, Option
 from contllm.experiments.base import Metric
 from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepExperiment, SweepPlan, check_alpha_sweep
-from contllm.experiments.sweeps import sweep_options, sweep_values
+from contllm.experiments.sweeps import PROTOCOL, ends_provenance, resolved_samples, sweep_options, sweep_values
 from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
 from contllm.interpolate import interpolate_spans
 from contllm.lm import ContinuousLM
-from contllm.readout import truth_values
+from contllm.readout import PAPER_TRUTH, containing, truth_values
 from contllm.signal import Signal
 
 DEFAULT_TEMPLATE = "What is the truth value of {a} {op} {b}?\nAnswer: "
@@ -49,7 +49,10 @@ class BooleanConfig:
     template: prompt with {a}, {op} and {b} fields; None picks the default.
     operators: the operators to pair (every unordered pair); None: all in the dataset.
     method: "linear" or "slerp" interpolation of the embeddings.
-    low, high, samples: the values of alpha (within [0, 1]); chat: use the chat template.
+    low, high, samples: the values of alpha (within [0, 1]; samples None: 21, or 100 for the
+        paper's protocol); chat: use the chat template.
+    protocol: "paper" reads 0 and 1 as the paper does (every token containing "0" or "fa",
+        "1" or "tr"); the prompt stays the toolkit's.
     """
 
     template: str | None = None
@@ -57,10 +60,12 @@ class BooleanConfig:
     method: str = "linear"
     low: float = 0.0
     high: float = 1.0
-    samples: int = 21
+    samples: int | None = None
     chat: bool = False
+    protocol: str = "contllm"
 
     def __post_init__(self) -> None:
+        self.samples = resolved_samples(self.samples, self.protocol, 21, 100)
         check_alpha_sweep(self.low, self.high, self.samples, self.method)
         check_template(self.resolved_template(), ("a", "op", "b"), required=("op",))
         if self.operators is not None:
@@ -118,8 +123,10 @@ def plan_item(lm: ContinuousLM, item: BooleanItem, config: BooleanConfig) -> Swe
         "method": config.method,
         "tokens_first": len(sa),
         "tokens_second": len(sb),
+        **ends_provenance(lm.tokenizer, sa, span_a, sb, span_b),
     }
-    return SweepPlan(item.id, alphas, signals, truth_values(lm.tokenizer), truth=None, meta=meta)
+    sets = containing(lm.tokenizer, PAPER_TRUTH) if config.protocol == "paper" else truth_values(lm.tokenizer)
+    return SweepPlan(item.id, alphas, signals, sets, truth=None, meta=meta)
 
 
 class BooleanExperiment(SweepExperiment):
@@ -141,6 +148,7 @@ class BooleanExperiment(SweepExperiment):
         *sweep_options("alpha (within 0,1)", "0,1", 21),
         Option("operators", "words", "Comma-separated operators to pair, e.g. AND,XOR. [default: all]"),
         METHOD,
+        PROTOCOL,
     )
     x_label = "alpha"
 

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ from contllm.errors import ExperimentError
 from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.sweeps import DurationSweepConfig, sweep_options, sweep_values
+from contllm.experiments.sweeps import PROTOCOL, DurationSweepConfig, provenance, sweep_options, sweep_values
 from contllm.signal import Signal
 
 #: Worked examples: the problem, then its sum written out. Small models write the right sum
@@ -50,6 +50,8 @@ DEFAULT_TEMPLATE = (
     + "Question: {problem}\nAnswer: {first} + {second} = "
 )
 CHAT_TEMPLATE = "{problem} Reply with the number only."
+#: The paper's prompt is the problem itself (its rows end in the answer's start, "Answer: Mia delivered ").
+PAPER_TEMPLATE = "{problem}"
 FIELDS = ("problem", "first", "second")
 
 #: Largest number a problem may add (the answer is read digit by digit).
@@ -119,14 +121,14 @@ def _sum_item(row: Row) -> SumItem:
 
 def load_sums() -> list[SumItem]:
     """The built-in problems (contllm/data/sums.json): two-digit numbers, the first one scaled."""
-    import contllm.data
+    from contllm.data import builtin_path
 
-    return read_sums(Path(contllm.data.__file__).with_name("sums.json"))
+    return read_sums(builtin_path("sums.json"))
 
 
 @dataclass
 class SumsConfig(DurationSweepConfig, DataFileOption,
-                 prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("problem",))):
+                 prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("problem",)), paper=PAPER_TEMPLATE):
     """Options of the sums experiment.
 
     template: the prompt, with a {problem} field and optionally {first} and {second}
@@ -137,9 +139,10 @@ class SumsConfig(DurationSweepConfig, DataFileOption,
         contents' sha256 is kept in data_sha256, so that a resumed run refuses a changed file.
     """
 
+    SAMPLES: ClassVar[int] = 8
+
     low: float = 0.1
     high: float = 1.5
-    samples: int = 8
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -311,7 +314,8 @@ def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRe
         if not live:
             break
     a, b = item.numbers
-    meta = {"problem": item.rendered().text, "scaled_field": item.scaled, "tokens": len(base)}
+    meta = {"problem": item.rendered().text, "scaled_field": item.scaled, "tokens": len(base),
+            **provenance(lm.tokenizer, base, base.token_indices(rendered.spans["scaled"]))}
     return SumRecord(item.id, x, list(sets.labels), steps, answers, item.truth, a, b, meta)
 
 
@@ -329,6 +333,7 @@ class SumsExperiment(Experiment):
     options = (
         *sweep_options("the duration factor c", "0.1,1.5", 8),
         Option("data", "str", data_option_help(DATA_SCHEMA)),
+        PROTOCOL,
     )
     engine = shardable = True
     unit = "problem"

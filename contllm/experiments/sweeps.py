@@ -51,6 +51,31 @@ def sweep_values(low: float, high: float, samples: int, *, include: float | None
     return values.astype(np.float64)
 
 
+#: How an experiment builds its prompts, selects its tokens, reads out and samples its knob:
+#: "contllm" (the toolkit's own defaults) or "paper" (as the paper's scripts do; docs/paper.md).
+PROTOCOLS = ("contllm", "paper")
+
+PROTOCOL = Option(
+    "protocol", "str",
+    "contllm (the toolkit's prompts and exact read-outs) or paper (the paper's prompts, token selection, "
+    "read-out sets and sampling density; see docs/paper.md). [default: contllm]",
+)
+
+
+def check_protocol(protocol: str) -> None:
+    """ExperimentError unless ``protocol`` is one of :data:`PROTOCOLS`."""
+    if protocol not in PROTOCOLS:
+        raise ExperimentError(f"protocol must be {' or '.join(map(repr, PROTOCOLS))}, got {protocol!r}")
+
+
+def resolved_samples(samples: int | None, protocol: str, default: int, paper: int) -> int:
+    """``samples`` when given, else the protocol's own number of values per item."""
+    check_protocol(protocol)
+    if samples is not None:
+        return samples
+    return paper if protocol == "paper" else default
+
+
 def check_method(method: str) -> None:
     """ExperimentError unless ``method`` is an interpolation method ("linear" or "slerp")."""
     if method not in ("linear", "slerp"):
@@ -70,31 +95,41 @@ class DurationSweepConfig:
     """Options shared by the experiments that scale durations (counting, events).
 
     template: the prompt (None: the experiment's default, or its chat default with chat).
-    low, high, samples: the duration factors, evenly spaced (1.0 added when inside).
+    low, high, samples: the duration factors, evenly spaced (1.0 added when inside); samples
+        None: the protocol's number (:attr:`SAMPLES`, or :attr:`PAPER_SAMPLES` for the paper's).
     chat: wrap the prompt in the model's chat template (instruct models).
+    protocol: "contllm" or "paper" (:data:`PROTOCOLS`): the paper's template and density.
     """
 
     DEFAULT_TEMPLATE: ClassVar[str] = ""
     CHAT_TEMPLATE: ClassVar[str] = ""
+    PAPER_TEMPLATE: ClassVar[str] = ""
     FIELDS: ClassVar[tuple[str, ...]] = ()
     REQUIRED: ClassVar[tuple[str, ...]] = ()
+    SAMPLES: ClassVar[int] = 10
+    PAPER_SAMPLES: ClassVar[int] = 100
 
     def __init_subclass__(cls, prompts: tuple[str, str, tuple[str, ...], tuple[str, ...]] | None = None,
-                          **rest: Any) -> None:
-        """``prompts``: (default template, chat template, the template's fields, the fields it must hold)."""
+                          paper: str | None = None, **rest: Any) -> None:
+        """``prompts``: (default template, chat template, the template's fields, the fields it must hold);
+        ``paper``: the template of the paper's protocol."""
         super().__init_subclass__(**rest)
         if prompts is not None:
             cls.DEFAULT_TEMPLATE, cls.CHAT_TEMPLATE, cls.FIELDS, cls.REQUIRED = prompts
+        if paper is not None:
+            cls.PAPER_TEMPLATE = paper
 
     template: str | None = None
     low: float = 0.1
     high: float = 1.0
-    samples: int = 10
+    samples: int | None = None
     chat: bool = False
+    protocol: str = "contllm"
 
     def __post_init__(self) -> None:
         from contllm.experiments.prompts import check_template
 
+        self.samples = resolved_samples(self.samples, self.protocol, self.SAMPLES, self.PAPER_SAMPLES)
         if self.low <= 0:
             raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
         sweep_values(self.low, self.high, self.samples)
@@ -103,6 +138,8 @@ class DurationSweepConfig:
     def resolved_template(self) -> str:
         if self.template is not None:
             return self.template
+        if self.protocol == "paper" and self.PAPER_TEMPLATE:
+            return self.PAPER_TEMPLATE
         return self.CHAT_TEMPLATE if self.chat else self.DEFAULT_TEMPLATE
 
 
@@ -116,6 +153,24 @@ def sweep_options(knob: str, default_range: str, default_samples: int) -> tuple[
     )
 
 
+def provenance(tokenizer: Any, signal: Signal, edited: Sequence[int], suffix: str = "") -> dict[str, Any]:
+    """What a record keeps of what was measured: the rendered prompt, the edited token positions and their text.
+
+    prompt: the signal's text (chat template included); edited: 0-based token positions
+    (special tokens counted); edited_tokens: each edited token decoded on its own. With
+    ``suffix`` (e.g. "_second") the keys name the other end of an interpolation.
+    """
+    ids = [] if signal.token_ids is None else signal.token_ids.tolist()
+    return {f"prompt{suffix}": signal.text, f"edited{suffix}": [int(i) for i in edited],
+            f"edited_tokens{suffix}": [tokenizer.decode([ids[i]], clean_up_tokenization_spaces=False) for i in edited]}
+
+
+def ends_provenance(tokenizer: Any, first: Signal, span_first: Any, second: Signal, span_second: Any) -> dict[str, Any]:
+    """:func:`provenance` of both ends of an interpolation: the first prompt's keys plain, the second's with "_second"."""
+    return {**provenance(tokenizer, first, first.token_indices(span_first)),
+            **provenance(tokenizer, second, second.token_indices(span_second), "_second")}
+
+
 def scaled_plan(lm: Any, item_id: str, text: str, spans: Sequence[Any], config: DurationSweepConfig, truth: str,
                 meta: dict[str, Any]) -> SweepPlan:
     """A duration sweep: the prompt ``text`` with ``spans`` scaled by each factor of ``config``; digits read out."""
@@ -125,8 +180,8 @@ def scaled_plan(lm: Any, item_id: str, text: str, spans: Sequence[Any], config: 
     factors = sweep_values(config.low, config.high, config.samples)
     edited = base.token_indices(list(spans))
     signals = [base.scale_tokens(edited, float(c)) for c in factors]
-    return SweepPlan(item_id, factors, signals, digits(lm.tokenizer), truth=truth, meta={**meta, "tokens": len(base)},
-                     edited=edited)
+    return SweepPlan(item_id, factors, signals, digits(lm.tokenizer), truth=truth,
+                     meta={**meta, "tokens": len(base), **provenance(lm.tokenizer, base, edited)}, edited=edited)
 
 
 @dataclass

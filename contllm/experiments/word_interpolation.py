@@ -34,9 +34,9 @@ from contllm.experiments.base import Metric
 from contllm.experiments.options import METHOD, Option
 from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
 from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepExperiment, SweepPlan, check_alpha_sweep
-from contllm.experiments.sweeps import sweep_options, sweep_values
+from contllm.experiments.sweeps import PROTOCOL, ends_provenance, resolved_samples, sweep_options, sweep_values
 from contllm.interpolate import interpolate_spans
-from contllm.readout import TokenSets
+from contllm.readout import PAPER_YES_NO, TokenSets, containing
 from contllm.signal import Signal
 
 #: Question groups: which of the two words the answer is "yes" for.
@@ -53,6 +53,10 @@ SHOTS = (
 )
 DEFAULT_TEMPLATE = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in SHOTS) + "Question: {question}\nAnswer:"
 CHAT_TEMPLATE = "{question} Answer with Yes or No."
+#: The paper's prompt (its protocol): the question alone, with a "(yes/no)" hint.
+PAPER_TEMPLATE = "Question: {question} (yes/no)\nAnswer:"
+#: Values of alpha per item: the toolkit's default and the paper's script's.
+SAMPLES, PAPER_SAMPLES = 11, 40
 
 #: The read-out: every casing of yes and no (each also with a leading space).
 YES_NO_SPELLINGS = {"yes": ["yes", "Yes", "YES"], "no": ["no", "No", "NO"]}
@@ -137,8 +141,12 @@ def _item(row: Row, first: str, second: str, question: str, group: str | None, i
 
 def items_from_rows(rows: Sequence[Row]) -> list[WordItem]:
     """Items from dataset rows of either shape (see the module docstring); ExperimentError naming file, row and field."""
+    from contllm.data.paper import refuse_material
+
+    refuse_material(rows)
     items: list[WordItem] = []
     for row in rows:
+        row = _top_level_groups(row)
         if row.has("options"):
             options = row.strings("options")
             if len(options) != 2:
@@ -152,12 +160,18 @@ def items_from_rows(rows: Sequence[Row]) -> list[WordItem]:
                     raise row.error("must be a non-empty list of strings or an object of lists", "questions")
                 grouped: list[tuple[str | None, list[str]]] = [(None, questions)]
             else:
+                if "one" in questions:
+                    raise row.error("holds the paper's unsplit groups both/one/neither (embedding_raw.json): 'one' does "
+                                    "not say which word the answer is yes for; give embedding_split.json or "
+                                    "embedding_filtered.json", "questions")
                 unknown = sorted(set(questions) - set(GROUPS))
                 if unknown:
                     raise row.error(f"unknown group(s) {', '.join(unknown)}; groups are {', '.join(GROUPS)}", "questions")
                 grouped = []
                 for group in GROUPS:
                     qs = questions.get(group, [])
+                    if isinstance(qs, str):  # embedding_filtered.json: one question per group
+                        qs = [qs]
                     if not isinstance(qs, list) or not all(isinstance(q, str) for q in qs):
                         raise row.error(f"group {group!r} must be a list of strings", "questions")
                     grouped.append((group, qs))
@@ -183,6 +197,20 @@ def items_from_rows(rows: Sequence[Row]) -> list[WordItem]:
                 group = None
             items.append(_item(row, first, second, question, group, row.get("id", str, None)))
     return _numbered(items, rows[0].path if rows else "dataset")
+
+
+#: embedding_raw_split.json spells one group "fist".
+_GROUP_SPELLINGS = {**{g: g for g in GROUPS}, "fist": "first"}
+
+
+def _top_level_groups(row: Row) -> Row:
+    """A row whose question groups stand at its top level (embedding_raw_split.json) as one with a "questions" object."""
+    groups = [name for name in _GROUP_SPELLINGS if name in row.fields]
+    if row.has("questions") or not row.has("options") or not groups:
+        return row
+    fields = {k: v for k, v in row.fields.items() if k not in groups}
+    fields["questions"] = {_GROUP_SPELLINGS[name]: row.fields[name] for name in groups}
+    return Row(row.path, row.number, fields, row.csv)
 
 
 def _numbered(items: list[WordItem], path: str) -> list[WordItem]:
@@ -221,11 +249,13 @@ class InterpolationConfig(DataFileOption):
     method: str = "linear"
     low: float = 0.0
     high: float = 1.0
-    samples: int = 11
+    samples: int | None = None
     pairs: tuple[str, ...] | None = None
     chat: bool = False
+    protocol: str = "contllm"
 
     def __post_init__(self) -> None:
+        self.samples = resolved_samples(self.samples, self.protocol, SAMPLES, PAPER_SAMPLES)
         check_alpha_sweep(self.low, self.high, self.samples, self.method)
         check_template(self.resolved_template(), ("question",), required=("question",))
         if self.pairs is not None:
@@ -235,7 +265,13 @@ class InterpolationConfig(DataFileOption):
     def resolved_template(self) -> str:
         if self.template is not None:
             return self.template
+        if self.protocol == "paper":
+            return PAPER_TEMPLATE
         return CHAT_TEMPLATE if self.chat else DEFAULT_TEMPLATE
+
+    def readout(self, tokenizer: Any) -> TokenSets:
+        """yes and no: exact spellings, or the paper's every token containing them (``protocol`` "paper")."""
+        return containing(tokenizer, PAPER_YES_NO) if self.protocol == "paper" else yes_no(tokenizer)
 
     def alphas(self) -> np.ndarray:
         return sweep_values(self.low, self.high, self.samples, include=None)
@@ -313,8 +349,9 @@ def plan_item(lm: Any, item: WordItem, config: InterpolationConfig) -> SweepPlan
         "method": config.method,
         "tokens_first": len(sa.token_indices(span_a)),
         "tokens_second": len(sb.token_indices(span_b)),
+        **ends_provenance(lm.tokenizer, sa, span_a, sb, span_b),
     }
-    return SweepPlan(item.id, alphas, signals, yes_no(lm.tokenizer), truth=None, meta=meta)
+    return SweepPlan(item.id, alphas, signals, config.readout(lm.tokenizer), truth=None, meta=meta)
 
 
 # ------------------------------------------------------------------------------ numbers
@@ -402,6 +439,7 @@ class InterpolationExperiment(SweepExperiment):
         METHOD,
         Option("pairs", "words", "Comma-separated word pairs to keep, e.g. apples-bananas,cats-goldfish. [default: all]"),
         Option("data", "str", data_option_help(DATA_SCHEMA)),
+        PROTOCOL,
     )
     metrics = (
         Metric("accuracy_at_alpha_0", "higher", "yes/no accuracy (argmax of yes vs no) against the first word's answer"),

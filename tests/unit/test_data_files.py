@@ -84,10 +84,10 @@ def test_the_projects_counting_rows_with_their_defaults(tmp_path: Path) -> None:
 def test_the_papers_event_prompts_are_split_into_events_question_and_answer_prefix(tmp_path: Path, suffix: str) -> None:
     items = read_events(write(tmp_path / f"events{suffix}", PAPER_EVENTS))
     assert items == [
-        EventItem("passage-001", "passage", ("Ana woke up.", "She made tea.", "She read the news."),
-                  "How many actions did Ana take?", "Answer: Ana took", 3),
-        EventItem("passage-002", "passage", ("Boil the water.", "Add the pasta.", "Stir it.", "Drain it."),
-                  "How many steps are there?", "There are", 4),
+        EventItem("passage-001", "tutorial", ("Ana woke up.", "She made tea.", "She read the news."),
+                  "How many actions did Ana take?", "Answer: Ana took", 3, PAPER_EVENTS[0]["sentence"]),
+        EventItem("passage-002", "story", ("Boil the water.", "Add the pasta.", "Stir it.", "Drain it."),
+                  "How many steps are there?", "There are", 4, PAPER_EVENTS[1]["sentence"]),
     ]
 
 

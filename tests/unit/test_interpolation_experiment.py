@@ -79,7 +79,7 @@ def paper_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_registered_with_its_options_and_a_built_in_dataset_of_22_pairs_by_8_questions() -> None:
     assert registry.get("interpolation") is EXPERIMENT and EXPERIMENT.engine and EXPERIMENT.shardable
     assert [o.cli_flag for o in EXPERIMENT.options] == ["--range", "--samples", "--template", "--chat/--no-chat",
-                                                        "--method", "--pairs", "--data"]
+                                                        "--method", "--pairs", "--data", "--protocol"]
     items = EXPERIMENT.items(EXPERIMENT.config())
     pairs: dict[str, list[WordItem]] = {}
     for item in items:

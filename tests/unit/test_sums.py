@@ -60,7 +60,8 @@ def full_run(lm64: ContinuousLM, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 def test_registered_with_its_options_and_32_two_digit_problems() -> None:
     assert registry.get("sums") is EXPERIMENT and EXPERIMENT.engine and EXPERIMENT.shardable
-    assert [o.cli_flag for o in EXPERIMENT.options] == ["--range", "--samples", "--template", "--chat/--no-chat", "--data"]
+    assert [o.cli_flag for o in EXPERIMENT.options] == ["--range", "--samples", "--template", "--chat/--no-chat", "--data",
+                                                        "--protocol"]
     config = EXPERIMENT.config()
     assert config == SumsConfig() and config.data is None and config.data_sha256 is None
     assert np.allclose(config.factors(), [0.1, 0.3, 0.5, 0.7, 0.9, 1.0, 1.1, 1.3, 1.5])
