@@ -30,41 +30,42 @@ from contllm.errors import ContllmError
 
 pytestmark = pytest.mark.unit
 
-FUZZ = settings(max_examples=150, deadline=None, database=None, derandomize=True,
+FUZZ = settings(max_examples=250, deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 #: Text a shell can pass as one argument: no NUL byte, no lone surrogate.
 ARGUMENT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
-NUMBER = st.one_of(
-    st.integers(-(10**40), 10**40).map(str),
-    st.floats(allow_nan=True, allow_infinity=True).map(repr),
-    st.sampled_from(["0", "-0", "1", "2", "+-5", "\u00b2", "\u0663", "9" * 5000, "1e-320", "1e308", "0x10", "1_000",
-                     " 3 ", "3.", ".5", "-1e9", "2e7", "nan", "inf"]),
-)
+#: Spellings a user might type, and ones a careless or hostile user might.
+ODD_NUMBERS = st.sampled_from(["0", "-0", "1", "2", "+-5", "\u00b2", "\u0663", "9" * 5000, "9" * 25, "1e-320", "1e308",
+                               "0x10", "1_000", " 3 ", "3.", ".5", "-1e9", "2e7", "nan", "inf", "-1"])
+NUMBER = st.one_of(st.integers(-(10**40), 10**40).map(str), st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                   ODD_NUMBERS)
 VALUE = st.one_of(
+    ODD_NUMBERS,
     NUMBER,
     ARGUMENT,
     st.lists(NUMBER, min_size=0, max_size=4).map(",".join),
     st.sampled_from(["", ",", "a,b", "{words!r}", "{words", "{a} {b} {op}", "AND,OR", "linear", "slerp", "../x",
-                     "count-001", "count-001,count-001", "a/b", ".y.tmp", "x" * 3000]),
+                     "count-001", "count-001,count-001", "a/b", ".y.tmp", "x" * 3000, "meta", "xla", "cuda:x",
+                     "nested.json", "broken.jsonl", "rows.csv", "missing.json"]),
 )
+#: Files the values above may name (in the working directory, which must stay as it is).
+FILES = {"nested.json": "[" * 5000 + "]" * 5000, "broken.jsonl": '{"word": "apple", "n": 3}\n{"word": ',
+         "rows.csv": "word,n\napple,99999999999999999999999\n"}
 RUN_FLAGS = ["--seed", "--items", "--device", "--dtype", "--max-batch-tokens", "--device-map"]
 
 
-def _flags() -> list[tuple[str, str]]:
-    """(experiment, flag) for every option of every registered experiment, and the run options."""
-    pairs = []
-    for name in registry.names():
-        experiment = registry.get(name)
-        for option in experiment.options:
-            flag = option.cli_flag.split("/")[0]
-            if option.kind != "bool":
-                pairs.append((name, flag))
-        pairs += [(name, flag) for flag in RUN_FLAGS if experiment.engine or flag not in ("--max-batch-tokens", "--device-map")]
-    return pairs
+def _flags(name: str) -> list[str]:
+    """The flags of experiment ``name`` that take a value: its own options and the run options."""
+    experiment = registry.get(name)
+    own = [o.cli_flag for o in experiment.options if o.kind != "bool"]
+    return own + [flag for flag in RUN_FLAGS if experiment.engine or flag not in ("--max-batch-tokens", "--device-map")]
 
 
-FLAGS = _flags()
+#: (experiment, the options given): one to three of its flags, each with a drawn value.
+COMMAND = st.sampled_from(registry.names()).flatmap(
+    lambda name: st.tuples(st.just(name), st.lists(st.tuples(st.sampled_from(_flags(name)), VALUE), min_size=1, max_size=3))
+)
 
 
 def _tree(path: Path) -> dict[str, tuple[int, bytes]]:
@@ -81,20 +82,20 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (box / "nomodel").mkdir()
     (box / "root").mkdir()
     (box / "cwd").mkdir()
-    (box / "data.json").write_text("[" * 5000 + "]" * 5000)
+    for name, text in FILES.items():
+        (box / "cwd" / name).write_text(text)
     return box
 
 
 @FUZZ
-@given(chosen=st.lists(st.tuples(st.sampled_from(FLAGS), VALUE), min_size=1, max_size=3))
+@given(command=COMMAND)
 def test_generated_option_values_exit_0_or_2_in_one_line_and_touch_nothing_outside(
-    sandbox: Path, chosen: list[tuple[tuple[str, str], str]]
+    sandbox: Path, command: tuple[str, list[tuple[str, str]]]
 ) -> None:
-    name = chosen[0][0][0]
+    name, chosen = command
     args = ["run", name]
-    for (experiment, flag), value in chosen:
-        if experiment == name:
-            args += [flag, value]
+    for flag, value in chosen:
+        args += [flag, value]
     args += ["--model", str(sandbox / "nomodel"), "--out", str(sandbox / "root" / "run")]
     outside = {k: v for k, v in _tree(sandbox).items() if not k.startswith("root")}
     here = os.getcwd()

@@ -159,10 +159,10 @@ def test_a_record_under_another_items_name_is_not_trusted(tmp_path: Path) -> Non
     with RunDir(out, config()) as run:
         run.save_record("a", {"x": 1})
         run.save_record("b", {"x": 2})
-    # A record copied over another item's file: its inner id says "a".
-    (out / "items" / "b.json").write_text((out / "items" / "a.json").read_text())
+    # a's file now says it holds b: trusted, b would get a's record and a none.
+    (out / "items" / "a.json").write_text(json.dumps({"id": "b", "record": {"x": 1}}))
     with RunDir(out, config(), resume=True) as again:
-        assert again.finished(lambda record: record) == {"a": {"x": 1}}  # b is redone, a is not counted twice
+        assert again.finished(lambda record: record) == {"b": {"x": 2}}  # a is redone, b keeps its own record
 
 
 def test_force_removes_only_what_the_toolkit_wrote(tmp_path: Path) -> None:
@@ -180,22 +180,17 @@ def test_force_removes_only_what_the_toolkit_wrote(tmp_path: Path) -> None:
     (out / "analysis" / "table.csv").write_text("1,2")
     (out / "figures" / "sketch.png").write_text("drawn by hand")
     (out / "items" / "README").write_text("what these are")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    manifest = json.loads((out / "manifest.json").read_text())
+    listed = [*listed, "../victim.txt", str(victim)]  # a manifest edited to point outside the run
+    (out / "manifest.json").write_text(json.dumps({**manifest, "outputs": listed}))
     with RunDir(out, config(), force=True) as again:
         assert not (out / "results.json").exists() and not (out / "items" / "a.json").exists()
         assert not (out / "figures" / "items").exists()
         again.save_record("b", {"x": 2})
     assert (out / "notes.txt").read_text() == "mine" and (out / "analysis" / "table.csv").read_text() == "1,2"
     assert (out / "figures" / "sketch.png").is_file() and (out / "items" / "README").is_file()
-
-
-def test_force_never_removes_a_listed_output_outside_the_run(tmp_path: Path) -> None:
-    out = finished_run(tmp_path / "run")
-    victim = tmp_path / "victim.txt"
-    victim.write_text("keep")
-    manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
-    (out / "manifest.json").write_text(json.dumps({**manifest, "outputs": ["../victim.txt", str(victim)]}))
-    with RunDir(out, config(), force=True):
-        pass
     assert victim.read_text() == "keep"
 
 
