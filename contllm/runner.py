@@ -227,14 +227,14 @@ def run(
 
     plan = check_run(name, **checked)
     settings = plan.settings
-    procs = start_processes(device, device_map=settings.device_map)
-    echo = plan.say if procs.is_main else _quiet
     if out is not None and (not isinstance(out, (str, Path)) or not str(out).strip()):
         raise RunDirectoryError(f"the run directory (--out) must be a path, got {out!r}")
     if lm is None and settings.device_map is None:
         from contllm.models.load import resolve_device
 
         resolve_device(device)  # a device that cannot hold the model is refused before anything loads
+    procs = start_processes(device, device_map=settings.device_map)
+    echo = plan.say if procs.is_main else _quiet
     # The default name holds the time, which the processes must agree on.
     out = Path(procs.broadcast(str(out if out is not None else default_out(name, plan.model))))
     run_dir = RunDir(out, plan.resolved, resume=resume, force=force)

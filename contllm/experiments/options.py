@@ -52,8 +52,6 @@ class Option:
         return {self.name: read_value(value, self.kind, where)}
 
 
-#: The interpolation method, as every experiment that interpolates takes it.
-METHOD = Option("method", "str", "linear or slerp interpolation. [default: linear]", choices=("linear", "slerp"))
 #: An integer as typed: ASCII digits with an optional sign, at most 30 of them.
 _INTEGER = re.compile(r"[+-]?[0-9]{1,30}")
 #: Largest magnitude of a range's ends: no signal time past 1e7 can be represented (see
@@ -73,6 +71,8 @@ def shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} characters)"
 
 
+#: The interpolation method, as every experiment that interpolates takes it.
+METHOD = Option("method", "str", "linear or slerp interpolation. [default: linear]", choices=("linear", "slerp"))
 
 
 def read_value(value: Any, kind: Kind, where: str) -> Any:
@@ -116,8 +116,6 @@ def read_value(value: Any, kind: Kind, where: str) -> Any:
     raise ExperimentError(f"{where}: unknown option kind {kind!r}")
 
 
-def parse_floats(text: str | Sequence[float], what: str) -> tuple[float, ...]:
-    """Finite numbers from "a,b,c" (or a sequence); ExperimentError naming ``what`` if any is not one, or none is given."""
 def _integer(value: Any) -> int | None:
     """``value`` as an integer (a Python int, or ASCII digits with a sign), else None; at most 30 digits either way."""
     if isinstance(value, bool):
@@ -129,6 +127,8 @@ def _integer(value: Any) -> int | None:
     return None
 
 
+def parse_floats(text: str | Sequence[float], what: str) -> tuple[float, ...]:
+    """Finite numbers from "a,b,c" (or a sequence); ExperimentError naming ``what`` if any is not one, or none is given."""
     return read_value(text, "floats", what)
 
 
@@ -150,10 +150,10 @@ def parse_range(value: Any, where: str = "range") -> tuple[float, float]:
         raise ExperimentError(f"{where} must be two numbers 'MIN,MAX', got {shown(value)}") from None
     if not (math.isfinite(low) and math.isfinite(high)):
         raise ExperimentError(f"{where} must be finite, got {low},{high}")
-    if low > high:
-        raise ExperimentError(f"range min {low} is larger than max {high}")
     if max(abs(low), abs(high)) > MAX_RANGE:
         raise ExperimentError(f"{where} must lie within -{MAX_RANGE:g},{MAX_RANGE:g} (the largest time a signal holds), got {low:g},{high:g}")
+    if low > high:
+        raise ExperimentError(f"range min {low} is larger than max {high}")
     return low, high
 
 
