@@ -316,6 +316,19 @@ def run(ctx: typer.Context) -> None:
     RUN_GROUP.main(args=list(ctx.args), prog_name="contllm run", standalone_mode=True)
 
 
+# `generate` is a click command of its own module (contllm.generate_cli), whose usage errors are one line.
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+    short_help="Continue a prompt whose words last as long as you say (--scale apple=0.5, --duration 0.5).",
+)
+def generate(ctx: typer.Context) -> None:
+    """Continue a prompt in continuous time; `contllm generate --help` lists the options."""
+    from contllm.generate_cli import COMMAND
+
+    _guarded(lambda: COMMAND.main(args=list(ctx.args), prog_name="contllm generate", standalone_mode=False), typer.Exit)
+
+
 @app.command(context_settings=HELP)
 def models(
     cache_dir: Optional[Path] = typer.Option(None, help="Cache of converted models. [default: $CONTLLM_CACHE or ~/.cache/contllm]"),

@@ -39,7 +39,7 @@ from contllm.engine import check_inputs, check_signals, evaluation
 from contllm.errors import SignalError
 from contllm.signal import Signal, pad_signals
 
-__all__ = ["MAX_NEW_TOKENS", "Generation", "Step", "generate"]
+__all__ = ["MAX_NEW_TOKENS", "Generation", "Step", "check_options", "generate"]
 
 #: Most tokens one call may generate per signal: a KV cache of this many steps stays a few
 #: hundred MB on the embedded models, and a loop past it is a mistake rather than a wish.
@@ -188,7 +188,8 @@ def _sampler(sample: Any, temperature: Any, top_k: Any, top_p: Any, seed: Any) -
         raise SignalError(f"sample must be True or False, got {sample!r}")
     given = [n for n, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("seed", seed)) if v is not None]
     if given and not sample:
-        raise SignalError(f"{', '.join(given)} only apply when sampling; pass sample=True (greedy takes none)")
+        raise SignalError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling; "
+                          "pass sample=True (--sample on the command line); greedy decoding takes none")
     t = 1.0 if temperature is None else _number(temperature, "temperature", positive=True)
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise SignalError(f"top_k must be an integer >= 1, got {top_k!r}")
@@ -208,15 +209,36 @@ def _probs_request(probs: Any, vocab: int) -> int | str | None:
     return min(probs, vocab)
 
 
-def _stop_strings(stop: Any, tokenizer: Any) -> list[str]:
+def _stop_strings(stop: Any) -> list[str]:
     if stop is None:
         return []
     items = [stop] if isinstance(stop, str) else stop
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
         raise SignalError(f"stop must be a non-empty string or a list of them, got {stop!r}")
-    if items and tokenizer is None:
-        raise SignalError("stop strings need a tokenizer to decode the continuation; this model has none")
     return list(items)
+
+
+def check_options(
+    max_new_tokens: Any = 20,
+    *,
+    duration: Any = 1.0,
+    sample: Any = False,
+    temperature: Any = None,
+    top_k: Any = None,
+    top_p: Any = None,
+    seed: Any = None,
+    stop: Any = None,
+    stop_at_eos: Any = True,
+) -> tuple[int, Callable[[int, list[int]], float], _Sampler, list[str]]:
+    """The options of :func:`generate` that need no model, checked; SignalError naming the first bad one.
+
+    Returns the step count, the duration rule (step, token ids) -> duration, the sampler
+    and the stop strings.
+    """
+    steps = check_max_new_tokens(max_new_tokens)
+    if not isinstance(stop_at_eos, bool):
+        raise SignalError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
+    return steps, _duration_rule(duration, steps), _sampler(sample, temperature, top_k, top_p, seed), _stop_strings(stop)
 
 
 def _check_names(lm: Any, names: Any) -> None:
@@ -266,14 +288,14 @@ def generate(
     if not single and not isinstance(signals, (list, tuple)):
         raise SignalError(f"signal must be a Signal or a list of them, got {type(signals).__name__}; build one with lm.signal(text)")
     items = check_signals(signals, single_ok=True)
-    steps = check_max_new_tokens(max_new_tokens)
-    if not isinstance(stop_at_eos, bool):
-        raise SignalError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
-    rule = _duration_rule(duration, steps)
-    sampler = _sampler(sample, temperature, top_k, top_p, seed)
+    steps, rule, sampler, stops = check_options(
+        max_new_tokens, duration=duration, sample=sample, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=seed, stop=stop, stop_at_eos=stop_at_eos,
+    )
+    if stops and lm.tokenizer is None:
+        raise SignalError("stop strings need a tokenizer to decode the continuation; this model has none")
     vocab = int(lm.model.get_input_embeddings().weight.shape[0])
     wanted = _probs_request(probs, vocab)
-    stops = _stop_strings(stop, lm.tokenizer)
     if activations is not None:
         _check_names(lm, activations)
     check_inputs(lm, items, [[len(s) - 1] for s in items])

@@ -164,7 +164,7 @@ def test_eos_and_stop_strings_end_a_row_and_stay_in_it() -> None:
         ({"duration": lambda a, b, c: 1.0}, r"takes \(step\) or \(step, token_ids\)"),
         ({"duration": lambda k: -1.0}, r"the duration of step 0 must be finite and >= 0"),
         ({"duration": "fast"}, r"duration must be a number"),
-        ({"temperature": 0.7}, r"temperature only apply when sampling; pass sample=True"),
+        ({"temperature": 0.7}, r"temperature applies only when sampling; pass sample=True"),
         ({"sample": True, "temperature": 0.0}, r"temperature must be finite and > 0"),
         ({"sample": True, "top_p": 1.5}, r"top_p must lie in \(0, 1\]"),
         ({"sample": True, "top_k": 0}, r"top_k must be an integer >= 1"),
