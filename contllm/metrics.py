@@ -34,6 +34,7 @@ __all__ = [
     "CountCalibration",
     "CountCurve",
     "LinearFit",
+    "PeakRates",
     "Smoothness",
     "area_under_curve",
     "argmax_coverage",
@@ -43,11 +44,13 @@ __all__ = [
     "found_counts",
     "implied_count",
     "iou",
+    "iou_curve",
     "lipschitz",
     "linear_fit",
     "max_jump",
     "mean_iou",
     "observed_time_sensitivity",
+    "peak_rates",
     "range_excursion",
     "smoothness",
     "spearman",
@@ -331,24 +334,57 @@ def iou(found: Iterable[int], n: int) -> float:
 
 def mean_iou(items: Sequence[Item], threshold: float) -> float:
     """IoU of each item's found set at ``threshold`` with {1..n}, averaged over items."""
-    h = _threshold(threshold)
+    return float(iou_curve(items, [_threshold(threshold)])[0])
+
+
+def iou_curve(items: Sequence[Item], thresholds: Any) -> np.ndarray:
+    """:func:`mean_iou` at each threshold: float [H] in [0, 1] (the paper's IoU against the peak threshold).
+
+    The found set holds every label (expected or not) whose probability reaches h on the sweep.
+    """
     curves = _items(items)
-    return float(
-        np.mean([iou(_found(c.probs.max(axis=0), c.labels, h), c.n) for c in curves])
-    )
+    h = _thresholds(thresholds)
+    out = np.empty(h.shape[0])
+    for j, threshold in enumerate(h):
+        out[j] = np.mean([iou(_found(c.probs.max(axis=0), c.labels, float(threshold)), c.n) for c in curves])
+    return out
+
+
+@dataclass(frozen=True)
+class PeakRates:
+    """How many of the expected counts {1..n} a sweep brings up, averaged over items (all in [0, 1]).
+
+    pure: share of counts that are the most probable label at some factor. unpure: share
+    of counts whose probability has a local maximum somewhere on the sweep (higher than
+    at each neighbouring factor), most probable there or not. chance: the mean of 1/n,
+    what a sweep that only ever shows one count reaches.
+    """
+
+    pure: float
+    unpure: float
+    chance: float
+
+
+def peak_rates(items: Sequence[Item]) -> PeakRates:
+    """:class:`PeakRates` of count curves (each needs at least two factors for a local maximum)."""
+    curves = _items(items)
+    pure, unpure = [], []
+    for curve in curves:
+        winners = {int(k) for k in curve.labels[np.argmax(curve.probs, axis=1)]}
+        pure.append(len(winners & curve.expected) / curve.n)
+        padded = np.pad(curve.probs, ((1, 1), (0, 0)), constant_values=-np.inf)
+        local = (padded[1:-1] > padded[:-2]) & (padded[1:-1] > padded[2:])  # [S, K]
+        peaked = {int(k) for k in curve.labels[local.any(axis=0)]}
+        unpure.append(len(peaked & curve.expected) / curve.n)
+    return PeakRates(float(np.mean(pure)), float(np.mean(unpure)), float(np.mean([1.0 / c.n for c in curves])))
 
 
 def argmax_coverage(items: Sequence[Item]) -> float:
-    """Share of the expected counts {1..n} that are the argmax label at some factor.
+    """Share of the expected counts {1..n} that are the argmax label at some factor (the pure peak rate of :func:`peak_rates`).
 
     Averaged over items; ties in a sample go to the label listed first. Returns [0, 1].
     """
-    curves = _items(items)
-    shares = []
-    for curve in curves:
-        winners = {int(k) for k in curve.labels[np.argmax(curve.probs, axis=1)]}
-        shares.append(len(winners & curve.expected) / curve.n)
-    return float(np.mean(shares))
+    return peak_rates(items).pure
 
 
 def implied_count(probs: Any, labels: Any) -> np.ndarray:

@@ -70,7 +70,8 @@ def count_summary_figure(result: Result) -> Any:
     by_n: dict[int, list[Sweep]] = defaultdict(list)
     for s in result.sweeps:
         by_n[int(s.truth or 0)].append(s)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5), constrained_layout=True)
+    fig, (left, right, sensitivity) = plt.subplots(1, 3, figsize=(16, 4.5), constrained_layout=True)
+    threshold_panel(sensitivity, result.sweeps)
     cmap = plt.get_cmap("viridis")
     ns = sorted(by_n)
     for k, n in enumerate(ns):
@@ -95,6 +96,25 @@ def count_summary_figure(result: Result) -> Any:
     right.legend(fontsize=8)
     fig.suptitle(f"{result.model} · {result.experiment} · {len(result.sweeps)} items", fontsize=12)
     return fig
+
+
+def threshold_panel(ax: Any, sweeps: Sequence[Sweep]) -> None:
+    """The paper's time-sensitivity figure on ``ax``: observed and counterfactual time sensitivity and IoU against the peak threshold h."""
+    curves = [metrics.count_curve(s) for s in sweeps]
+    h = metrics.default_thresholds()
+    observed = metrics.observed_time_sensitivity(curves, h)
+    ax.plot(h, observed, "-", color="tab:blue", lw=2,
+            label=f"observed (AUC {metrics.area_under_curve(h, observed):.3f})")
+    if all(np.isclose(s.x, 1.0).any() for s in sweeps):
+        counterfactual = metrics.counterfactual_time_sensitivity(curves, h)
+        ax.plot(h, counterfactual, "--", color="tab:orange", lw=2,
+                label=f"counterfactual, c = 1 only (AUC {metrics.area_under_curve(h, counterfactual):.3f})")
+    iou = metrics.iou_curve(curves, h)
+    ax.plot(h, iou, ":", color="tab:green", lw=2, label=f"IoU with 1..n (AUC {metrics.area_under_curve(h, iou):.3f})")
+    ax.set(xlabel="peak threshold h", ylabel="share", xlim=(0, 1), ylim=(-0.02, 1.02))
+    ax.set_title("time sensitivity and IoU against the threshold", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def boolean_summary_figure(result: Result) -> Any:

@@ -252,6 +252,26 @@ def measures(record: SumRecord) -> dict[str, float]:
     }
 
 
+def success(record: SumRecord) -> dict[str, bool]:
+    """The paper's outcome classes of one problem (docs/paper.md), from its greedy answers over the factors.
+
+    valid: the answer at c = 1 is the true sum; successful: valid, and the answer at the
+    smallest factor is below the true sum; strongly: successful, and the answer never
+    grows as c shrinks; completely: successful, and the answer at the smallest factor is
+    the other number b alone.
+    """
+    ones = np.flatnonzero(np.isclose(record.x, 1.0, atol=1e-9))
+    greedy = record.greedy()
+    valid = bool(len(ones)) and bool(greedy[ones[0]] == record.truth)
+    successful = valid and bool(greedy[0] < record.truth)
+    return {"valid": valid, "successful": successful,
+            "strongly_successful": successful and bool(np.all(np.diff(greedy) >= 0)),
+            "completely_successful": successful and bool(greedy[0] == record.other)}
+
+
+SUCCESS = ("valid", "successful", "strongly_successful", "completely_successful")
+
+
 MEASURES = ("correct_at_1", "first_digit_correct_at_1", "slope", "intercept", "r2", "slope_ratio", "spearman",
             "mae_line")
 
@@ -342,6 +362,10 @@ class SumsExperiment(Experiment):
         Metric("accuracy_at_1", "higher", "share of problems whose greedy answer at factor 1 is the true sum"),
         Metric("mean_spearman", "higher", "Spearman correlation of the implied sum with the factor, mean over problems"),
         Metric("mean_mae_line", "lower", "mean |implied sum - (a·c + b)| over the factors, mean over problems"),
+        Metric("valid_rate", "higher", "share of problems whose greedy answer at factor 1 is the true sum"),
+        Metric("successful_rate", "higher", "share of valid problems answered below the true sum at the smallest factor"),
+        Metric("strongly_successful_rate", "higher", "share of valid problems successful with an answer that never grows as c shrinks"),
+        Metric("completely_successful_rate", "higher", "share of valid problems answered b alone at the smallest factor"),
     )
 
     def items(self, config: SumsConfig) -> Sequence[SumItem]:
@@ -387,6 +411,11 @@ class SumsExperiment(Experiment):
         # A greedy answer with a digit too many (152 for 83) moves a problem's slope by a hundred.
         ratios = [m["slope_ratio"] for m in per_item if np.isfinite(m["slope_ratio"])]
         out["median_slope_ratio"] = float(np.median(ratios)) if ratios else float("nan")
+        outcomes = [success(r) for r in result.records]
+        out["valid_rate"] = float(np.mean([o["valid"] for o in outcomes]))
+        valid = [o for o in outcomes if o["valid"]]
+        for key in SUCCESS[1:]:
+            out[f"{key}_rate"] = float(np.mean([o[key] for o in valid])) if valid else float("nan")
         return out
 
     def report_columns(self, result: SumsResult) -> dict[str, Any]:
@@ -443,7 +472,17 @@ def summary_figure(result: SumsResult) -> Any:
     from contllm.plotting import plt
 
     x, records = result.common()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
+    fig, (left, right, rates) = plt.subplots(1, 3, figsize=(17, 4.8), constrained_layout=True)
+    outcomes = [success(r) for r in result.records]
+    valid = [o for o in outcomes if o["valid"]]
+    values = [np.mean([o["valid"] for o in outcomes])] + [np.mean([o[k] for o in valid]) if valid else np.nan
+                                                          for k in SUCCESS[1:]]
+    rates.bar(range(4), values, color=["0.5", "tab:blue", "tab:green", "tab:purple"])
+    for k, v in enumerate(values):
+        rates.annotate("n/a" if not np.isfinite(v) else f"{v:.2f}", (k, 0 if not np.isfinite(v) else v), ha="center",
+                       va="bottom", fontsize=8)
+    rates.set_xticks(range(4), ["valid\n(of all)", "successful\n(of valid)", "strongly", "completely"])
+    rates.set(ylim=(0, 1.1), ylabel="share of problems", title=f"outcomes ({len(valid)} of {len(outcomes)} valid)")
     shares = np.array([read_share(r) for r in records])
     for row in shares:
         left.plot(x, row, "-", color="0.8", lw=0.8)
@@ -464,6 +503,7 @@ def summary_figure(result: SumsResult) -> Any:
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    for ax in (left, right, rates):
         ax.title.set_fontsize(9)
     fig.suptitle(f"{result.model} · sums · {len(result.records)} problems", fontsize=12)
     return fig

@@ -391,7 +391,12 @@ class CountingSweepExperiment(SweepExperiment):
         Metric("auc_observed_time_sensitivity", "higher",
                "area over h of the share of counts 1..n reaching probability h somewhere on the sweep"),
         Metric("auc_counterfactual_time_sensitivity", "higher", "the same, read only at factor 1"),
-        Metric("argmax_coverage", "higher", "share of counts 1..n that are the most probable digit at some factor"),
+        Metric("argmax_coverage", "higher",
+               "share of counts 1..n that are the most probable digit at some factor (the pure peak rate)"),
+        Metric("auc_iou", "higher", "area over h of the IoU of the digits reaching h on the sweep with {1..n}"),
+        Metric("unpure_peak_rate", "higher", "share of counts 1..n whose probability has a local maximum on the sweep"),
+        Metric("pure_peak_gain", "higher", "argmax_coverage minus the mean of 1/n (what a sweep showing one count reaches)"),
+        Metric("unpure_peak_gain", "higher", "unpure_peak_rate minus the mean of 1/n"),
     )
 
     def summary(self, result: ExperimentResult) -> dict[str, Any]:
@@ -410,7 +415,11 @@ class CountingSweepExperiment(SweepExperiment):
             out["auc_counterfactual_time_sensitivity"] = metrics.area_under_curve(
                 h, metrics.counterfactual_time_sensitivity(curves, h)
             )
-        out["argmax_coverage"] = metrics.argmax_coverage(curves)
+        rates = metrics.peak_rates(curves)
+        out["argmax_coverage"] = rates.pure
+        out["auc_iou"] = metrics.area_under_curve(h, metrics.iou_curve(curves, h))
+        out.update(unpure_peak_rate=rates.unpure, chance_peak_rate=rates.chance, pure_peak_gain=rates.pure - rates.chance,
+                   unpure_peak_gain=rates.unpure - rates.chance)
         return out
 
     def summary_figure(self, result: ExperimentResult) -> Any:

@@ -419,7 +419,24 @@ def summarize_sweeps(sweeps: Sequence[Sweep]) -> dict[str, Any]:
     if shapes:
         out["mean_total_variation_yes_share"] = float(np.mean([m.total_variation for m in shapes]))
         out["mean_max_jump_yes_share"] = float(np.mean([m.max_jump for m in shapes]))
+    variations = [variation(s) for s in sweeps]
+    out["mean_variation"] = float(np.mean(variations))
+    out["variation_share"] = float(np.mean([v >= VARIATION_LEVEL for v in variations]))
+    slopes = [metrics.lipschitz(s.x, s.probs) for s in sweeps if len(s.x) > 1]
+    if slopes:
+        out["mean_lipschitz"] = float(np.mean(slopes))
     return out
+
+
+#: The paper counts an interpolation as varying when its variation reaches this.
+VARIATION_LEVEL = 0.05
+
+
+def variation(sweep: Sweep) -> float:
+    """The paper's variation of one interpolation: how far P(yes) or P(no) leaves the range of its two ends (0 if never)."""
+    from contllm import metrics
+
+    return metrics.range_excursion(sweep.probs)
 
 
 class InterpolationExperiment(SweepExperiment):
@@ -445,6 +462,9 @@ class InterpolationExperiment(SweepExperiment):
         Metric("accuracy_at_alpha_0", "higher", "yes/no accuracy (argmax of yes vs no) against the first word's answer"),
         Metric("accuracy_at_alpha_1", "higher", "the same against the second word's answer, at alpha 1"),
         Metric("mean_max_jump_yes_share", "lower", "largest change of the yes-share between neighbouring alphas, mean"),
+        Metric("variation_share", "lower", "share of items whose P(yes) or P(no) leaves its ends' range by 0.05 or more"),
+        Metric("mean_variation", "lower", "largest excursion of P(yes) or P(no) beyond its ends' range, mean over items"),
+        Metric("mean_lipschitz", "lower", "largest |dP/dalpha| over the curve's own range (normalised Lipschitz), mean"),
     )
     x_label = "alpha"
 
@@ -502,7 +522,9 @@ def summary_figure(result: ExperimentResult) -> Any:
     from contllm.plotting import plt
 
     groups = _groups(result.sweeps)
-    fig, axes = plt.subplots(1, len(groups), figsize=(3.9 * len(groups), 3.6), squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(1, len(groups) + 1, figsize=(3.9 * (len(groups) + 1), 3.6), squeeze=False,
+                             constrained_layout=True)
+    variation_histogram(axes.flat[-1], result.sweeps)
     for ax, (group, sweeps) in zip(axes.flat, groups.items()):
         for s in sweeps:
             ax.plot(s.x, yes_share(s), "-", color="tab:blue", lw=0.7, alpha=0.35)
@@ -518,6 +540,18 @@ def summary_figure(result: ExperimentResult) -> Any:
         ax.legend(fontsize=7)
     fig.suptitle(f"{result.model} · word interpolation · {len(result.sweeps)} items", fontsize=12)
     return fig
+
+
+def variation_histogram(ax: Any, sweeps: Sequence[Sweep]) -> None:
+    """The paper's variation figure on ``ax``: a histogram of each item's :func:`variation`, the 0.05 level marked."""
+    values = np.array([variation(s) for s in sweeps])
+    ax.hist(values, bins=10, range=(0.0, max(0.1, float(values.max()))), color="tab:blue", alpha=0.8)
+    ax.axvline(VARIATION_LEVEL, color="tab:red", ls="--", lw=1)
+    share = float(np.mean(values >= VARIATION_LEVEL))
+    ax.set(xlabel="variation beyond the ends' range", ylabel="items",
+           title=f"variation: {share:.0%} of {len(values)} items >= {VARIATION_LEVEL}")
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
 
 
 def comparison_figure(runs: Sequence[tuple[str, ExperimentResult, dict[str, Any]]]) -> Any:

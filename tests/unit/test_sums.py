@@ -194,8 +194,10 @@ def test_a_run_writes_records_tables_summary_and_figures(full_run: Path) -> None
     assert summary["items"] == 2 and summary["accuracy_at_1"] in (0.0, 0.5, 1.0)
     assert set(summary) == {"experiment", "model", "items", "accuracy_at_1", "first_digit_accuracy_at_1", "mean_slope",
                             "mean_slope_ratio", "median_slope_ratio", "mean_r2", "mean_spearman", "mean_mae_line",
+                            "valid_rate", "successful_rate", "strongly_successful_rate", "completely_successful_rate",
                             "metrics"}
-    assert set(summary["metrics"]) == {"accuracy_at_1", "mean_spearman", "mean_mae_line"}
+    assert set(summary["metrics"]) == {"accuracy_at_1", "mean_spearman", "mean_mae_line", "valid_rate", "successful_rate",
+                                       "strongly_successful_rate", "completely_successful_rate"}
     assert summary["metrics"]["mean_mae_line"]["direction"] == "lower is better"
     assert (full_run / "results.csv").read_text().startswith("item,factor,answer,implied,line,truth")
     assert len((full_run / "results.csv").read_text().splitlines()) == 1 + 2 * 2
