@@ -71,7 +71,11 @@ def _digit_count(row: Row, name: str, value: Any) -> int:
 
 
 def _converted(rows: Sequence[Row], fields: Sequence[str], convert: Callable[[Row], list[dict[str, Any]]]) -> list[Row]:
-    """``rows`` as they are unless they are in the paper's shape (``fields``); then each becomes the rows ``convert`` gives."""
+    """``rows`` as they are unless they are in the paper's shape (``fields``); then each becomes the rows ``convert`` gives.
+
+    A file of the paper's generation materials is refused first (:func:`refuse_material`).
+    """
+    refuse_material(rows)
     if not in_shape(rows, fields):
         return list(rows)
     return [Row(row.path, row.number, new) for row in rows for new in convert(row)]

@@ -244,10 +244,7 @@ def read_items(path: str | Path, build: Callable[[Row], T],
     shape: reads another layout of the rows (the paper's, :mod:`contllm.data.paper`) into
     this one first. Every problem is an ExperimentError naming the file, the row and the field.
     """
-    from contllm.data.paper import refuse_material
-
     rows = read_rows(path)
-    refuse_material(rows)
     return unique_ids([build(row) for row in (shape(rows) if shape is not None else rows)], str(path))
 
 
