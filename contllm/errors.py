@@ -29,3 +29,7 @@ class ExperimentError(ContllmError, ValueError):
 
 class RunDirectoryError(ContllmError):
     """A run directory is missing, not a run, or would be overwritten."""
+
+
+class MissingDependencyError(ContllmError, ImportError):
+    """An optional package a feature needs is not installed (the message says how to install it)."""

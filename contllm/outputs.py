@@ -15,8 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from contllm import registry
-from contllm.errors import ExperimentError
+from contllm.errors import ExperimentError, MissingDependencyError
+from contllm.experiments.base import Table
 from contllm.files import atomic_write_json, atomic_write_text, write_csv
+
+#: Columns that every row of results.csv carries after the experiment's own: which run
+#: made it, so that tables of several runs can be stacked and told apart.
+RUN_COLUMNS = ("experiment", "model")
 
 
 @dataclass
@@ -35,9 +40,23 @@ def write_results(out: Output) -> None:
     atomic_write_json(out.directory / "results.json", out.result.to_dict())
 
 
+def result_tables(experiment: Any, result: Any) -> dict[str, Table]:
+    """The experiment's tables of ``result`` (file stem -> (columns, rows)), "results" with :data:`RUN_COLUMNS` added.
+
+    A column the experiment's table holds already is kept as it is.
+    """
+    tables = dict(experiment.tables(result))
+    if "results" in tables:
+        columns, rows = tables["results"]
+        run = {"experiment": experiment.name, "model": str(getattr(result, "model", "") or "")}
+        added = [c for c in RUN_COLUMNS if c not in columns]
+        tables["results"] = ([*columns, *added], ({**row, **{c: run[c] for c in added}} for row in rows))
+    return tables
+
+
 def write_tables(out: Output) -> None:
-    """<stem>.csv for each of the experiment's tables."""
-    for stem, (columns, rows) in out.experiment.tables(out.result).items():
+    """<stem>.csv for each of the experiment's tables (see :func:`result_tables`)."""
+    for stem, (columns, rows) in result_tables(out.experiment, out.result).items():
         write_csv(out.directory / f"{stem}.csv", columns, rows)
 
 
@@ -61,6 +80,15 @@ def write_documents(out: Output) -> None:
         atomic_write_text(out.directory / relative, text)
 
 
+def write_explorer(out: Output) -> None:
+    """explorer.html: the sweep to scrub in a browser (:mod:`contllm.explorer`), for results with a read-out per item."""
+    from contllm.explorer import explorer_data, page
+
+    data = explorer_data([(str(getattr(out.result, "model", "") or "run"), out.result)])
+    if data is not None:
+        atomic_write_text(out.directory / "explorer.html", page(data))
+
+
 Writer = Callable[[Output], None]
 
 #: Format name -> writer, in the order :func:`save` runs them.
@@ -70,6 +98,7 @@ WRITERS: dict[str, Writer] = {
     "summary": write_summary,
     "figures": write_figures,
     "documents": write_documents,
+    "explorer": write_explorer,
 }
 #: The formats that draw (left out by ``save(..., figures=False)``).
 DRAWN = ("figures", "documents")
@@ -97,6 +126,39 @@ def save(result: Any, directory: str | Path, *, figures: bool = True, item_figur
 def summarize(result: Any, name: str | None = None) -> dict[str, Any]:
     """Headline numbers of a result (``name``: its experiment, when the result does not say)."""
     return registry.get(name or result.experiment).summary(result)
+
+
+def to_pandas(result: Any, table: str = "results", *, name: str | None = None) -> Any:
+    """One table of a result as a pandas DataFrame: the rows its CSV file holds, one observation each.
+
+    table: the file stem ("results", the default, carries the run's experiment and model
+    in every row; an experiment may give more, e.g. depth's "layers"). Cells left empty
+    for a non-finite number read as NaN. Raises MissingDependencyError without pandas
+    (``pip install pandas``), ExperimentError for a table the experiment does not give.
+    """
+    try:
+        import pandas as pd
+    except ImportError:
+        raise MissingDependencyError("to_pandas needs pandas; install it with: pip install pandas") from None
+    experiment = registry.get(name or _experiment_name(result))
+    tables = result_tables(experiment, result)
+    if table not in tables:
+        raise ExperimentError(f"the {experiment.name} experiment has no table {table!r}; its tables: {', '.join(tables)}")
+    columns, rows = tables[table]
+    frame = pd.DataFrame(list(rows), columns=list(columns))
+    for column in frame.columns[frame.dtypes == object]:
+        cells = frame[column]
+        filled = cells[cells != ""]
+        if len(filled) < len(cells) and filled.map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)).all():
+            frame[column] = pd.to_numeric(cells.where(cells != ""), errors="raise")
+    return frame
+
+
+def _experiment_name(result: Any) -> str:
+    name = getattr(result, "experiment", None)
+    if not isinstance(name, str):
+        raise ExperimentError(f"a {type(result).__name__} does not say its experiment; give name=")
+    return name
 
 
 def figure(result: Any, item: str | None = None, *, name: str | None = None) -> Any:

@@ -37,7 +37,12 @@ REPORT_FILES = ("summary.md", "summary.csv", "comparison.png", "comparison.pdf")
 
 @dataclass
 class Run:
-    """A finished run directory, read: its path, config, manifest, experiment, result and headline numbers."""
+    """A finished run directory, read (:func:`load_run`): its path, config, manifest, experiment, result and headline numbers.
+
+    result: the experiment's result object, as the run made it (e.g. a counting run's
+    sweeps, with ``experiment``, ``model``, ``config`` and its records); summary: the
+    headline numbers of summary.json; label: the run's name in a report's legend.
+    """
 
     path: Path
     config: dict[str, Any]
@@ -51,6 +56,17 @@ class Run:
     def model(self) -> str:
         return str(self.config.get("model") or self.manifest.get("model") or "model")
 
+    def to_pandas(self, table: str = "results") -> Any:
+        """One of the run's tables as a pandas DataFrame (see :func:`contllm.outputs.to_pandas`).
+
+        "results" (the default) holds the columns of results.csv, the run's experiment and
+        model among them, so that the tables of several runs stack with ``pandas.concat``.
+        Raises MissingDependencyError without pandas.
+        """
+        from contllm.outputs import to_pandas
+
+        return to_pandas(self.result, table, name=self.experiment)
+
 
 def _read(path: Path, run: Path) -> Any:
     try:
@@ -60,7 +76,23 @@ def _read(path: Path, run: Path) -> Any:
 
 
 def load_run(path: str | Path) -> Run:
-    """Read a finished run directory; RunDirectoryError naming what is missing or unfinished."""
+    """Read a finished run directory written by ``contllm run`` (or :func:`contllm.runner.run`) into a :class:`Run`.
+
+    path: the run directory (it holds config.json, manifest.json and results.json). The
+    run's ``result`` is the experiment's result object, rebuilt from results.json;
+    ``summary`` its headline numbers; ``to_pandas()`` its results table. Works anywhere
+    the experiment is registered: no model is loaded. Raises RunDirectoryError naming
+    what is missing, malformed or unfinished (an unfinished run says how to resume it).
+
+    Example, several runs of one experiment in one table::
+
+        import pandas as pd
+        import contllm
+
+        runs = [contllm.load_run(p) for p in ["runs/counting-smollm2", "runs/counting-gemma3"]]
+        table = pd.concat([r.to_pandas() for r in runs])
+        table.groupby(["model", "factor"])["probability"].mean()
+    """
     path = Path(path)
     if not path.is_dir():
         why = "it does not exist" if not path.exists() else "it is not a directory"

@@ -476,7 +476,7 @@ def test_runner_writes_a_depth_run_directory(tmp_path: Path, monkeypatch: pytest
     assert summary["prompts"] == ["a", "b"] and summary["n_layers"] == 3
     assert set(summary["metrics"]) == {m.name for m in EXPERIMENT.metrics}
     assert all(np.isfinite(summary[m.name]) for m in EXPERIMENT.metrics)
-    assert (out / "results.csv").read_text().splitlines()[0] == "prompt,probe,quantity,target,layer,x,value"
+    assert (out / "results.csv").read_text().splitlines()[0] == "prompt,probe,quantity,target,layer,x,value,experiment,model"
     with pytest.raises(RunDirectoryError, match="already holds files"):
         run_tiny(out, monkeypatch)
 
