@@ -1,0 +1,204 @@
+"""Counting interpolation: inside a counting question, some occurrences of a word move in embedding space to another word.
+
+The question asks how many times a thing of one category is mentioned in a sentence of n
+words ("apple apple apple apple", a fruit). At alpha = 0 every word is the first word;
+at alpha = 1 the last ``moved`` occurrences have become the other word ("apple cash cash
+cash"), so the right count falls from n to n - moved when the other word is not of the
+category (and stays n when it is: apple to pear). The moved occurrences are interpolated
+as one span, aligned in time when the two words tokenize differently; the digits 0-9 are
+read out. This is the paper's ``embedding_interpolation_counting``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from contllm import metrics
+from contllm.errors import ExperimentError, SignalError
+from contllm.experiments.base import Metric
+from contllm.experiments.counting import QUESTION_TEMPLATE
+from contllm.experiments.options import METHOD, Option
+from contllm.experiments.prompts import check_template, render
+from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepExperiment, SweepPlan, check_alpha_sweep
+from contllm.experiments.sweeps import ends_provenance, sweep_options, sweep_values
+from contllm.interpolate import interpolate_spans
+from contllm.readout import digits
+from contllm.signal import Signal
+
+#: (word, other word, the category asked about with its article, whether the other word is of it too).
+#: The first three are the paper's; apple to pear keeps the count.
+PAIRS = (
+    ("apple", "cash", "a fruit", False),
+    ("cat", "rock", "an animal", False),
+    ("rose", "plane", "a flower", False),
+    ("apple", "pear", "a fruit", True),
+)
+
+
+@dataclass(frozen=True)
+class PairItem:
+    """One sweep: ``n`` words, the last ``moved`` going from ``word`` to ``other``; ``same``: other is of the category too."""
+
+    id: str
+    word: str
+    other: str
+    article: str
+    same: bool
+    n: int
+    moved: int
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """The right count at alpha 0 and at alpha 1."""
+        return self.n, self.n if self.same else self.n - self.moved
+
+
+@dataclass
+class CountingInterpolationConfig:
+    """Options of the counting interpolation.
+
+    n: words in the sentence (2-9); moved: how many of the last occurrences move (1..n;
+        None: n - 1, as the paper does). template: the question, with {words} and
+        {article}; None: the paper's counting question. method: linear or slerp.
+    low, high, samples: the values of alpha (within [0, 1]).
+    """
+
+    n: int = 4
+    moved: int | None = None
+    template: str | None = None
+    method: str = "linear"
+    low: float = 0.0
+    high: float = 1.0
+    samples: int = 21
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n, bool) or not 2 <= self.n <= 9:
+            raise ExperimentError(f"n must be from 2 to 9 (a digit is read out), got {self.n!r}")
+        if self.moved is None:
+            self.moved = self.n - 1
+        if not 1 <= self.moved <= self.n:
+            raise ExperimentError(f"moved must be from 1 to n = {self.n}, got {self.moved}")
+        check_alpha_sweep(self.low, self.high, self.samples, self.method)
+        check_template(self.resolved_template(), ("words", "article"), required=("words",))
+
+    def resolved_template(self) -> str:
+        return QUESTION_TEMPLATE if self.template is None else self.template
+
+
+def pair_items(config: CountingInterpolationConfig) -> list[PairItem]:
+    """One item per pair of :data:`PAIRS`, with ``config``'s n and moved."""
+    assert config.moved is not None
+    return [PairItem(f"{word}-{other}", word, other, article, same, config.n, config.moved)
+            for word, other, article, same in PAIRS]
+
+
+def plan_item(lm: Any, item: PairItem, config: CountingInterpolationConfig) -> SweepPlan:
+    """The sweep of one pair: the moved occurrences interpolated as one span over alpha; digits read out."""
+    ends = []
+    kept = item.n - item.moved
+    for last in (item.word, item.other):
+        rendered = render(config.resolved_template(), {"words": [item.word] * kept + [last] * item.moved,
+                                                       "article": item.article}, required=("words",))
+        spans = rendered.spans["words"][kept:]
+        signal = Signal.from_text(lm.tokenizer, rendered.text).embedded(lm.model.get_input_embeddings())
+        ends.append((signal, (spans[0][0], spans[-1][1])))
+    (sa, span_a), (sb, span_b) = ends
+    alphas = sweep_values(config.low, config.high, config.samples, include=None)
+    try:
+        signals = [interpolate_spans(sa, span_a, sb, span_b, float(x), method=config.method) for x in alphas]  # type: ignore[arg-type]
+    except SignalError as err:
+        raise ExperimentError(f"item {item.id}: {err}") from None
+    first, second = item.counts
+    meta = {"word": item.word, "other": item.other, "article": item.article, "n": item.n, "moved": item.moved,
+            "count_first": first, "count_second": second, "method": config.method,
+            **ends_provenance(lm.tokenizer, sa, span_a, sb, span_b)}
+    return SweepPlan(item.id, alphas, signals, digits(lm.tokenizer), truth=str(first), meta=meta)
+
+
+def other_tokens(sweep: Sweep) -> np.ndarray:
+    """The probability [S] of every token that is not a digit (1 - the digits' total)."""
+    return np.clip(1.0 - sweep.probs.sum(axis=1), 0.0, 1.0)
+
+
+class CountingInterpolationExperiment(SweepExperiment):
+    name = "counting-interpolation"
+    help = "Inside a counting question, words moved in embedding space into another word; digits read out."
+    description = (
+        'The paper\'s counting question over n words ("apple apple apple apple", how many times is a fruit '
+        "mentioned?) with the last --moved occurrences interpolated into another word (cash, or pear, which is "
+        "a fruit too); the digits 0-9 are read out along alpha. Item ids look like apple-cash."
+    )
+    Config = CountingInterpolationConfig
+    options = (
+        *sweep_options("alpha (within 0,1)", "0,1", 21)[:3],
+        METHOD,
+        Option("n", "int", "Words in the sentence (2-9). [default: 4]"),
+        Option("moved", "int", "How many of the last occurrences move into the other word. [default: n - 1]"),
+    )
+    metrics = (
+        Metric("accuracy_at_alpha_0", "higher", "share of pairs whose most probable digit at alpha 0 is n"),
+        Metric("accuracy_at_alpha_1", "higher", "share of pairs whose most probable digit at alpha 1 is the count left"),
+        Metric("mean_spearman_implied_vs_alpha", "lower",
+               "Spearman correlation of the implied count with alpha over the pairs whose count falls (-1: falls steadily)"),
+        Metric("mean_variation", "lower", "largest excursion of a digit's probability beyond its ends' range, mean"),
+    )
+    x_label = "alpha"
+    counts = True
+
+    def items(self, config: CountingInterpolationConfig) -> Sequence[PairItem]:
+        return pair_items(config)
+
+    def plan_item(self, lm: Any, item: PairItem, config: CountingInterpolationConfig) -> SweepPlan:
+        return plan_item(lm, item, config)
+
+    def describe(self, sweep: Sweep) -> str:
+        m = sweep.meta
+        return f"{m.get('word')} -> {m.get('other')} ({m.get('moved')} of {m.get('n')} moved; count {m.get('count_first')} -> {m.get('count_second')})"
+
+    def summary(self, result: ExperimentResult) -> dict[str, Any]:
+        """Accuracy at both ends, the implied count's rank correlation with alpha, the variation of the digit curves."""
+        sweeps = result.sweeps
+        if not sweeps:
+            raise ExperimentError("the result holds no sweeps")
+        out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(sweeps)}
+        for at, key, name in ((0.0, "count_first", "accuracy_at_alpha_0"), (1.0, "count_second", "accuracy_at_alpha_1")):
+            marks = [s.labels[int(np.argmax(s.at(at)))] == str(s.meta[key]) for s in sweeps if np.isclose(s.x, at).any()]
+            if len(marks) == len(sweeps):
+                out[name] = float(np.mean(marks))
+        falling = [s for s in sweeps if s.meta["count_second"] != s.meta["count_first"] and len(s.x) > 1]
+        rhos = [metrics.spearman(s.x, s.implied_value()) for s in falling]
+        out["mean_spearman_implied_vs_alpha"] = float(np.nanmean(rhos)) if rhos else float("nan")
+        out["mean_variation"] = float(np.mean([metrics.range_excursion(s.probs) for s in sweeps]))
+        out["mean_other_tokens"] = float(np.mean([other_tokens(s).mean() for s in sweeps]))
+        return out
+
+    def summary_figure(self, result: ExperimentResult) -> Any:
+        return summary_figure(result)
+
+
+def summary_figure(result: ExperimentResult) -> Any:
+    """One panel per pair, in the paper's style: each digit's probability against alpha, and "other tokens"."""
+    from contllm.plotting import plt
+
+    sweeps = result.sweeps
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(4.2 * len(sweeps), 3.8), squeeze=False, constrained_layout=True)
+    colors = plt.get_cmap("tab10")
+    for ax, s in zip(axes.flat, sweeps):
+        wanted = {str(s.meta.get("count_first")), str(s.meta.get("count_second"))}
+        for j, label in enumerate(s.labels):
+            ax.plot(s.x, s.probs[:, j], "-", lw=2.4 if label in wanted else 1.0, color=colors(j % 10), label=label)
+        ax.plot(s.x, other_tokens(s), "--", color="0.3", lw=1.6, label="other tokens")
+        ax.set(xlabel=f"alpha ({s.meta.get('word')} -> {s.meta.get('other')})", ylabel="probability", ylim=(-0.02, 1.02),
+               title=f"{s.item_id}: count {s.meta.get('count_first')} -> {s.meta.get('count_second')}")
+        ax.title.set_fontsize(9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle(f"{result.model} · counting interpolation · {len(sweeps)} pairs", fontsize=12)
+    return fig
+
+
+EXPERIMENT = CountingInterpolationExperiment()
