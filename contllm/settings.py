@@ -47,8 +47,12 @@ def _short(value: Any) -> str:
 
 def _items_text(items: str | int) -> str:
     """``items`` as config.json records it: a count in its plain spelling ("02" and 2 are "2"), ids as given."""
+    if isinstance(items, int) and items.bit_length() > 60:
+        raise ExperimentError(f"item count {_short(items)} is larger than any dataset")
     text = str(items).strip()
-    if text.isascii() and text.isdigit() and len(text) <= 18:
+    if text.isascii() and text.isdigit():
+        if len(text.lstrip("0")) > 18:
+            raise ExperimentError(f"item count {_short(text)} is larger than any dataset")
         return str(int(text))
     return text if isinstance(items, str) else str(items)
 

@@ -319,6 +319,8 @@ def select_items(items: Sequence[ItemT], spec: str | int | None) -> list[ItemT]:
         return list(items[:spec])
 
     by_id = {item.id: item for item in items}
+    if spec in by_id:  # an id that itself holds a comma is selected whole
+        return [by_id[spec]]
     wanted = list(dict.fromkeys(part.strip() for part in spec.split(",") if part.strip()))
     unknown = [item_id for item_id in wanted if item_id not in by_id]
     if unknown:

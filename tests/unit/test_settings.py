@@ -87,3 +87,36 @@ def test_python_cli_and_specs_build_the_same_settings(tmp_path: Path) -> None:
                                 "options": checked.experiment.config_dict(checked.config)}
     with pytest.raises(ExperimentError, match="unknown setting"):
         check_run("counting", modle="m")
+
+
+@pytest.mark.parametrize(("values", "needle"), [
+    ({"seed": 99999999999999999999999}, "seed must be an integer from 0 to"),
+    ({"seed": -1}, "seed must be an integer from 0 to"),
+    ({"items": "9" * 5000}, "is larger than any dataset"),
+    ({"items": 10**5000}, "is larger than any dataset"),
+])
+def test_seeds_and_counts_past_what_a_run_can_use_are_refused(values: dict, needle: str) -> None:
+    with pytest.raises(ExperimentError, match=needle) as err:
+        RunSettings(**values)
+    assert len(str(err.value)) < 200
+
+
+def test_a_count_is_recorded_in_its_plain_spelling_so_a_resume_accepts_either(tmp_path: Path) -> None:
+    from contllm.runs import RunDir
+
+    assert RunSettings(items="02").recorded() == RunSettings(items=2).recorded() == RunSettings(items=" 2").recorded()
+    config = {"experiment": "counting", **RunSettings(items="2").recorded(), "options": {}}
+    with RunDir(tmp_path / "run", config):
+        pass
+    again = {"experiment": "counting", **RunSettings(items="02").recorded(), "options": {}}
+    with RunDir(tmp_path / "run", again, resume=True) as run:
+        assert run.resumed
+
+
+def test_an_id_that_holds_a_comma_can_be_selected(tmp_path: Path) -> None:
+    from contllm.runner import check_run
+
+    data = tmp_path / "items.json"
+    data.write_text(json.dumps([{"word": "apple", "n": 3, "id": "a,b"}, {"word": "pear", "n": 2, "id": "c"}]))
+    assert check_run("counting", options={"data": str(data)}, items="a,b").chosen == ["a,b"]
+    assert check_run("counting", options={"data": str(data)}, items="c").chosen == ["c"]
