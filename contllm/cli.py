@@ -178,11 +178,13 @@ def _metrics_help(experiment: Any) -> str:
 def spec_command(path: str) -> click.Command:
     """``contllm run SPEC.toml``: every (model, experiment) of a spec file."""
 
-    def callback(out: Path | None, resume: bool, force: bool, device: str | None, dtype: str | None) -> None:
+    def callback(out: Path | None, resume: bool, force: bool, device: str | None, dtype: str | None,
+                 model: str | None, items: str | None, samples: str | None) -> None:
         from contllm.spec import run_spec
 
         say = logs.note if _showing_news() else None  # no say: no progress bars either
-        written = _guarded(lambda: run_spec(Path(path), out=out, resume=resume, force=force, device=device, dtype=dtype, say=say))
+        written = _guarded(lambda: run_spec(Path(path), out=out, resume=resume, force=force, device=device, dtype=dtype, say=say,
+                                            model=model, items=items, samples=samples))
         if _is_main_process():
             for run_dir in written:
                 click.echo(str(run_dir))
@@ -196,6 +198,9 @@ def spec_command(path: str) -> click.Command:
             click.Option(["--force"], is_flag=True, help="Replace every run of the spec."),
             click.Option(["--device"], default=None, help="Overrides the spec's device."),
             click.Option(["--dtype"], default=None, help="Overrides the spec's dtype."),
+            click.Option(["--model", "-m"], default=None, help="Runs every experiment on this model instead of the spec's."),
+            click.Option(["--items"], default=None, help="Overrides every experiment's items (N or id1,id2)."),
+            click.Option(["--samples"], default=None, help="Overrides the samples of every experiment that takes them."),
         ],
         callback=callback,
         help="Run every (model, experiment) of a spec file.",

@@ -87,8 +87,12 @@ def _typed(data: dict[str, Any], key: str, kind: type | tuple[type, ...], defaul
 _KIND_NAMES: dict[Any, str] = {str: "a string", int: "an integer", bool: "true or false"}
 
 
-def load_spec(path: Path) -> Spec:
-    """Parse and check a spec file; ExperimentError names the file and the problem."""
+def load_spec(path: Path, *, model: str | None = None, items: str | None = None, samples: str | None = None) -> Spec:
+    """Parse and check a spec file; ExperimentError names the file and the problem.
+
+    model, items, samples: the command line's, in place of the spec's models, and of every
+    experiment's items and samples (samples only where the experiment takes it).
+    """
     from contllm import registry
     from contllm.data import select_items
     from contllm.models import DEFAULT_MODEL
@@ -103,7 +107,7 @@ def load_spec(path: Path) -> Spec:
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
         raise ExperimentError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(TOP_KEYS))}")
-    models = data.get("models", [DEFAULT_MODEL])
+    models = [model] if model is not None else data.get("models", [DEFAULT_MODEL])
     if isinstance(models, str):
         models = [models]
     if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
@@ -142,6 +146,8 @@ def load_spec(path: Path) -> Spec:
             )
         experiment = registry.get(name)
         allowed = ENTRY_KEYS | {o.name for o in experiment.options}
+        table = {**table, **({} if items is None else {"items": items}),
+                 **({"samples": samples} if samples is not None and "samples" in allowed else {})}
         bad = sorted(set(table) - allowed)
         if bad:
             raise ExperimentError(
@@ -190,11 +196,14 @@ def run_spec(
     device: str | None = None,
     dtype: str | None = None,
     say: Any = None,
+    model: str | None = None,
+    items: str | None = None,
+    samples: str | None = None,
 ) -> list[Path]:
     """Run every (model, experiment) of a spec through :func:`contllm.runner.run`; returns the run directories.
 
     Every entry's options and items are checked before the first model loads. device and
-    dtype override the spec's.
+    dtype override the spec's; model, items and samples as :func:`load_spec` says.
     """
     from dataclasses import replace
 
@@ -202,7 +211,7 @@ def run_spec(
     from contllm.distributed import start_processes
     from contllm.runner import run
 
-    spec = load_spec(path)
+    spec = load_spec(path, model=model, items=items, samples=samples)
     root = out if out is not None else spec.out
     device = device if device not in (None, "auto") else spec.device
     entries = [replace(e, settings=replace(e.settings, dtype=dtype)) if dtype else e for e in spec.entries]

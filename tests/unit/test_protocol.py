@@ -121,3 +121,18 @@ def test_records_keep_the_prompt_and_the_edited_positions_with_their_text() -> N
     assert plan.meta["prompt"] == f'Q: "{" ".join(["apple"] * item.n)}" contains '
     assert plan.meta["edited"] == plan.edited == list(range(3, 3 + item.n))
     assert plan.meta["edited_tokens"] == ["apple"] * item.n
+
+
+def test_the_paper_spec_runs_every_experiment_of_the_paper_and_takes_model_items_and_samples() -> None:
+    from contllm.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "specs" / "paper.toml", model="gemma3-270m", items="2",
+                     samples="5")
+    assert spec.models == ["gemma3-270m"]
+    assert {e.experiment for e in spec.entries} == {"counting", "events", "sums", "interpolation", "boolean",
+                                                    "counting-interpolation"}
+    for entry in spec.entries:
+        assert entry.settings.items == "2" and entry.options["samples"] == "5"
+        assert entry.options.get("protocol") == ("paper" if entry.experiment != "counting-interpolation" else None)
+    plain = load_spec(Path(__file__).resolve().parents[2] / "specs" / "paper.toml")
+    assert plain.models == ["smollm2-135m"] and all("samples" not in e.options for e in plain.entries)
