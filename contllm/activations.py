@@ -58,6 +58,7 @@ __all__ = [
     "activation_names",
     "align_positions",
     "patch",
+    "recording",
     "run_with_cache",
 ]
 
@@ -201,11 +202,41 @@ def run_with_cache(
     check_inputs(lm, items, reads)
     batch = pad_signals(items)
     columns = _columns(batch, reads)
+    with ExitStack() as stack:
+        # Eager first: a half-precision model's float32 state then wraps eager, not the loaded backend.
+        if any(_resolve(lm, name).kind == "pattern" for name in wanted):
+            stack.enter_context(_eager(lm))
+        stack.enter_context(evaluation(lm))
+        stored = stack.enter_context(recording(lm, items, wanted, reads))
+        # Only the read columns go through the vocabulary projection.
+        kept = sorted({int(c) for row in columns for c in row})
+        logits, _ = lm.forward_batch(batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
+    at = {c: i for i, c in enumerate(kept)}
+    rows = [logits[b, [at[int(c)] for c in columns[b]]].float().cpu() for b in range(len(items))]
+    times = [s.times[r] for s, r in zip(items, reads)]
+    return ActivationCache(stored, reads, times, rows)
+
+
+@contextmanager
+def recording(
+    lm: Any, signals: Sequence[Signal], names: Sequence[str], reads: Sequence[Sequence[int]]
+) -> Iterator[dict[str, list[torch.Tensor]]]:
+    """Keep the named activations of the forward run inside the context: yields {name: one tensor per signal}.
+
+    The forward must be of ``signals`` left-padded by :func:`contllm.pad_signals` (the
+    batch :func:`run_with_cache` runs, or their tails after a shared prefix); ``reads``
+    holds the token indices kept of each signal. The dict is filled on exit, in the order of
+    ``names``, with the values :class:`ActivationCache` describes (float32, CPU). Patterns
+    need the eager attention in place. UnsupportedModelError when the forward never
+    reached a name; hooks are removed on exit, also when the body raises.
+    """
+    batch = pad_signals(list(signals))
+    columns = _columns(batch, reads)
     starts = [int(p) for p in batch.pad_left]
     stored: dict[str, list[torch.Tensor]] = {}
 
     def keep(name: str, h: torch.Tensor) -> None:
-        stored[name] = [h[b, columns[b].to(h.device)].detach().float().cpu() for b in range(len(items))]
+        stored[name] = [h[b, columns[b].to(h.device)].detach().float().cpu() for b in range(len(signals))]
 
     def keep_pattern(name: str, weights: Any, module: nn.Module) -> None:
         if not isinstance(weights, torch.Tensor) or weights.ndim != 4:
@@ -214,27 +245,18 @@ def run_with_cache(
                 "patterns need the eager attention"
             )
         stored[name] = [
-            weights[b][:, columns[b].to(weights.device), starts[b]:].detach().float().cpu() for b in range(len(items))
+            weights[b][:, columns[b].to(weights.device), starts[b]:].detach().float().cpu() for b in range(len(signals))
         ]
 
-    points = [_resolve(lm, name) for name in wanted]
+    found: dict[str, list[torch.Tensor]] = {}
     with ExitStack() as stack:
-        # Eager first: a half-precision model's float32 state then wraps eager, not the loaded backend.
-        if any(p.kind == "pattern" for p in points):
-            stack.enter_context(_eager(lm))
-        stack.enter_context(evaluation(lm))
-        for point in points:
-            stack.enter_context(_reader(point, keep, keep_pattern))
-        # Only the read columns go through the vocabulary projection.
-        kept = sorted({int(c) for row in columns for c in row})
-        logits, _ = lm.forward_batch(batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
-    missing = [name for name in wanted if name not in stored]
+        for name in names:
+            stack.enter_context(_reader(_resolve(lm, name), keep, keep_pattern))
+        yield found
+    missing = [name for name in names if name not in stored]
     if missing:
         raise UnsupportedModelError(f"the forward never reached {', '.join(missing)}")
-    at = {c: i for i, c in enumerate(kept)}
-    rows = [logits[b, [at[int(c)] for c in columns[b]]].float().cpu() for b in range(len(items))]
-    times = [s.times[r] for s, r in zip(items, reads)]
-    return ActivationCache({name: stored[name] for name in wanted}, reads, times, rows)
+    found.update((name, stored[name]) for name in names)
 
 
 @contextmanager

@@ -40,6 +40,9 @@ EXPERIMENTS: dict[str, str] = {
     "tokens": "contllm.experiments.tokens:EXPERIMENT",
     "scaling": "contllm.experiments.timeline:SCALING",
     "translation": "contllm.experiments.timeline:TRANSLATION",
+    "patching": "contllm.experiments.patching:EXPERIMENT",
+    "lens": "contllm.experiments.lens:EXPERIMENT",
+    "attention-mass": "contllm.experiments.attention_mass:EXPERIMENT",
     "counting-interpolation": "contllm.experiments.counting_interpolation:EXPERIMENT",
 }
 

@@ -1,0 +1,150 @@
+"""Attention mass on the scaled tokens: which heads follow the log(c) bias and which compensate.
+
+Scaling a token's duration by c adds log(c) to every attention logit on it
+(:mod:`contllm.attention`). For each counting item and each factor c of the sweep, the
+attention probabilities of the read position (``blocks.{i}.attn.hook_pattern``) are summed
+over the scaled tokens: the *mass* m(c) of each layer and head. A head whose scores do
+not change passes the bias straight through, so its odds m / (1 - m) are c times those
+at c = 1: its slope of logit(m) against log(c) is 1. A slope near 0 means the head
+compensates (its mass stays put); above 1, it amplifies. Patterns come from the eager
+attention (a model loaded with sdpa runs it for this experiment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from contllm.activations import run_with_cache
+from contllm.errors import ExperimentError
+from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
+from contllm.experiments.inside import SweepInsideConfig, prompt_of, sweep_inside_options
+from contllm.families import decoder_layers
+
+#: Mass is clipped to [EPS, 1 - EPS] before its logit is taken.
+EPS = 1e-9
+#: A head "follows" the bias when its slope lies within this distance of 1, "compensates" below COMPENSATES.
+FOLLOWS = 0.25
+COMPENSATES = 0.5
+
+
+@dataclass
+class MassRecord:
+    """One item: factors [S]; mass [S, layers, heads] on the scaled tokens at the read position; slopes
+    [layers, heads] of logit(mass) against log(c) (least squares over the sweep)."""
+
+    item_id: str
+    factors: np.ndarray
+    mass: np.ndarray
+    slopes: np.ndarray
+    scaled: list[int]
+    truth: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"item_id": self.item_id, "factors": self.factors.tolist(), "mass": self.mass.tolist(),
+                "slopes": self.slopes.tolist(), "scaled": list(self.scaled), "truth": self.truth, "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MassRecord:
+        try:
+            return cls(str(data["item_id"]), np.asarray(data["factors"], dtype=np.float64),
+                       np.asarray(data["mass"], dtype=np.float64), np.asarray(data["slopes"], dtype=np.float64),
+                       [int(i) for i in data["scaled"]], int(data.get("truth", 0)), dict(data.get("meta") or {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ExperimentError(f"malformed attention-mass record: {exc}") from None
+
+
+@dataclass
+class MassResult(Records[MassRecord], record=MassRecord, key="items", one="item"):
+    """Every item's attention mass from one run (``items``), with the configuration that made it."""
+
+
+def log_odds_slopes(factors: np.ndarray, mass: np.ndarray) -> np.ndarray:
+    """Least-squares slope of logit(mass) [S, ...] against log(factors) [S]: [...]."""
+    x = np.log(np.asarray(factors, dtype=np.float64))
+    m = np.clip(mass, EPS, 1 - EPS)
+    y = np.log(m) - np.log1p(-m)
+    xc = x - x.mean()
+    return np.tensordot(xc, y - y.mean(axis=0), axes=(0, 0)) / float(xc @ xc)
+
+
+def mass_item(lm: Any, item_id: str, prompt: Any, factors: np.ndarray) -> MassRecord:
+    signals = [prompt.at(c) for c in factors]
+    names = [f"blocks.{i}.attn.hook_pattern" for i in range(len(decoder_layers(lm)))]
+    cache = run_with_cache(lm, signals, names=names, positions="last")
+    scaled = list(prompt.scaled)
+    # [S, heads, 1, tokens] per layer -> mass [S, layers, heads]
+    mass = np.stack([cache[name][:, :, 0, scaled].sum(-1).double().numpy() for name in names], axis=1)
+    return MassRecord(item_id, np.asarray(factors, dtype=np.float64), mass, log_odds_slopes(factors, mass), scaled,
+                      prompt.truth, dict(prompt.meta))
+
+
+class AttentionMassExperiment(Experiment):
+    name = "attention-mass"
+    help = "Per layer and head, the attention the read position pays to the scaled tokens as c varies, against log(c)."
+    description = (
+        "Each counting item's word is scaled by every factor c of --range; the read position's attention "
+        "probabilities are summed over the scaled tokens in every layer and head, and the slope of their log-odds "
+        "against log(c) says whether a head follows the log(c) bias (1) or compensates (0). Item ids are the "
+        "counting dataset's; --first N takes its first N."
+    )
+    Config = SweepInsideConfig
+    options = sweep_inside_options(2)
+    engine = shardable = True
+    result_type = MassResult
+    metrics = (
+        Metric("median_slope", "higher", "median over heads of the slope of logit(mass) against log(c) (1: the bias alone)"),
+        Metric("share_following", "higher", f"share of heads whose slope lies within {FOLLOWS} of 1"),
+        Metric("share_compensating", "lower", f"share of heads whose slope is below {COMPENSATES}"),
+    )
+
+    def items(self, config: SweepInsideConfig) -> Sequence[Any]:
+        return config.counting_items()
+
+    def run(self, lm: Any, config: SweepInsideConfig, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, MassRecord]]:
+        for item in items:
+            yield item.id, mass_item(lm, item.id, prompt_of(lm, item, config), config.factors())
+
+    def tables(self, result: MassResult) -> dict[str, Table]:
+        rows = [{"item": r.item_id, "factor": float(c), "layer": i, "head": h, "mass": float(r.mass[j, i, h]),
+                 "slope": float(r.slopes[i, h])}
+                for r in result.items for j, c in enumerate(r.factors)
+                for i in range(r.mass.shape[1]) for h in range(r.mass.shape[2])]
+        return {"results": (["item", "factor", "layer", "head", "mass", "slope"], rows)}
+
+    def summary(self, result: MassResult) -> dict[str, Any]:
+        """Median slope over heads (mean over items), shares that follow and compensate, the extreme heads."""
+        if not result.items:
+            raise ExperimentError("the result holds no items")
+        slopes = np.nanmean([r.slopes for r in result.items], axis=0)
+        flat = slopes.flatten()
+        heads = slopes.shape[1]
+        low, high = int(np.nanargmin(flat)), int(np.nanargmax(flat))
+        return {"experiment": result.experiment, "model": result.model, "items": len(result.items),
+                "median_slope": float(np.nanmedian(flat)),
+                "share_following": float(np.mean(np.abs(flat - 1) <= FOLLOWS)),
+                "share_compensating": float(np.mean(flat < COMPENSATES)),
+                "most_compensating_head": f"L{low // heads}H{low % heads}", "min_slope": float(flat[low]),
+                "most_amplifying_head": f"L{high // heads}H{high % heads}", "max_slope": float(flat[high]),
+                "median_slope_by_layer": [round(float(v), 4) for v in np.nanmedian(slopes, axis=1)]}
+
+    def report_columns(self, result: MassResult) -> dict[str, Any]:
+        return {"factor_min": result.config.get("low"), "factor_max": result.config.get("high"),
+                "samples": result.config.get("samples")}
+
+    def summary_figure(self, result: MassResult) -> Any:
+        from contllm.experiments.inside_figures import attention_mass_figure
+
+        return attention_mass_figure(result)
+
+    def item_figure(self, result: MassResult, record: MassRecord) -> Any:
+        from contllm.experiments.inside_figures import attention_mass_figure
+
+        return attention_mass_figure(result, [record])
+
+
+EXPERIMENT = AttentionMassExperiment()

@@ -1,0 +1,158 @@
+"""Logit lens of the count: E[k] and the top digit read at every layer along a duration sweep.
+
+Each counting item's word is scaled by every factor c of the sweep; the residual stream
+at the read position after each decoder layer (``blocks.{i}.hook_resid_post``) goes
+through the model's final norm and unembedding (and Gemma's final logit softcap where
+the config has one), and the digits 0-9 are read out as the counting experiment reads
+them. The last row is the model's own output, through the run's engine. Where along
+depth the implied count starts to follow c is where duration has become count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from contllm import metrics
+from contllm.activations import run_with_cache
+from contllm.engine import evaluation
+from contllm.errors import ExperimentError
+from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
+from contllm.experiments.inside import SweepInsideConfig, digit_sets, implied_counts, prompt_of, sweep_inside_options
+from contllm.families import decoder_layers, final_norm
+
+
+@dataclass
+class LensRecord:
+    """One item's lens: factors [S]; counts, top [layers + 1, S] (E[k] and the most probable digit; the last
+    row is the model's output); lens_max_dp: largest probability difference between the last layer's lens and
+    the model's output (the lens's own check)."""
+
+    item_id: str
+    factors: np.ndarray
+    counts: np.ndarray
+    top: np.ndarray
+    lens_max_dp: float
+    truth: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"item_id": self.item_id, "factors": self.factors.tolist(), "counts": self.counts.tolist(),
+                "top": self.top.astype(int).tolist(), "lens_max_dp": self.lens_max_dp, "truth": self.truth,
+                "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LensRecord:
+        try:
+            return cls(str(data["item_id"]), np.asarray(data["factors"], dtype=np.float64),
+                       np.asarray(data["counts"], dtype=np.float64), np.asarray(data["top"], dtype=np.int64),
+                       float(data["lens_max_dp"]), int(data.get("truth", 0)), dict(data.get("meta") or {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ExperimentError(f"malformed lens record: {exc}") from None
+
+    def spearman(self) -> np.ndarray:
+        """Spearman correlation of each row's E[k] with the factor: [layers + 1]."""
+        return np.array([metrics.spearman(self.factors, row) for row in self.counts])
+
+
+@dataclass
+class LensResult(Records[LensRecord], record=LensRecord, key="items", one="item"):
+    """Every item's lens from one run (``items``), with the configuration that made it."""
+
+
+def unembed(lm: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """Logits [..., vocab] (float32, CPU) of residual-stream values [..., hidden] through the final norm and head."""
+    model = lm.model
+    with torch.no_grad(), evaluation(lm):
+        x = final_norm(model)(hidden.to(device=lm.device, dtype=lm.state_dtype))
+        head = model.get_output_embeddings()
+        logits = head(x.to(head.weight.dtype)).float()
+        cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+    return logits.cpu()
+
+
+def lens_item(lm: Any, item_id: str, prompt: Any, factors: np.ndarray, evaluate: Any) -> LensRecord:
+    signals = [prompt.at(c) for c in factors]
+    layers = len(decoder_layers(lm))
+    names = [f"blocks.{i}.hook_resid_post" for i in range(layers)]
+    cache = run_with_cache(lm, signals, names=names, positions="last")
+    sets = digit_sets(lm)
+    stacked = torch.stack([cache[name][:, 0] for name in names])  # [layers, S, hidden]
+    lens_logits = unembed(lm, stacked)
+    counts, probs = implied_counts(lens_logits, sets)
+    output = evaluate(signals).float().cpu()
+    out_counts, out_probs = implied_counts(torch.log(output.clamp_min(1e-30)), sets)
+    lens_dp = float((torch.softmax(lens_logits[-1], dim=-1) - output).abs().max())
+    all_counts = np.vstack([counts, out_counts[None]])
+    top = np.vstack([probs.argmax(-1), out_probs.argmax(-1)[None]])
+    return LensRecord(item_id, np.asarray(factors, dtype=np.float64), all_counts, top, lens_dp, prompt.truth,
+                      dict(prompt.meta))
+
+
+class LensExperiment(Experiment):
+    name = "lens"
+    help = "Logit lens of the count: E[k] and the top digit at every layer along a duration sweep."
+    description = (
+        "Each counting item's word is scaled by every factor c of --range; the residual stream at the read "
+        "position after each layer goes through the final norm and unembedding and the digits 0-9 are read out. "
+        "The last row is the model's output. Item ids are the counting dataset's; --first N takes its first N."
+    )
+    Config = SweepInsideConfig
+    options = sweep_inside_options(2)
+    engine = shardable = True
+    result_type = LensResult
+    metrics = (
+        Metric("output_spearman", "higher", "Spearman correlation of the output E[k] with c, mean over items"),
+        Metric("first_following_layer", "lower", "first layer whose lens E[k] has a mean Spearman correlation with c of 0.8 or more"),
+        Metric("lens_max_dp", "lower", "largest probability difference between the last layer's lens and the model's output"),
+    )
+
+    def items(self, config: SweepInsideConfig) -> Sequence[Any]:
+        return config.counting_items()
+
+    def run(self, lm: Any, config: SweepInsideConfig, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, LensRecord]]:
+        for item in items:
+            yield item.id, lens_item(lm, item.id, prompt_of(lm, item, config), config.factors(), context.evaluate)
+
+    def tables(self, result: LensResult) -> dict[str, Table]:
+        rows = [{"item": r.item_id, "layer": "output" if i == len(r.counts) - 1 else i, "factor": float(c),
+                 "implied_count": float(r.counts[i, j]), "top_digit": int(r.top[i, j])}
+                for r in result.items for i in range(len(r.counts)) for j, c in enumerate(r.factors)]
+        return {"results": (["item", "layer", "factor", "implied_count", "top_digit"], rows)}
+
+    def summary(self, result: LensResult) -> dict[str, Any]:
+        """Spearman of E[k] with c at the output and per layer; the first layer that follows c; the lens check."""
+        if not result.items:
+            raise ExperimentError("the result holds no items")
+        rhos = np.array([r.spearman() for r in result.items])
+        with np.errstate(all="ignore"):
+            mean = np.nanmean(rhos, axis=0)
+        following = np.flatnonzero(mean[:-1] >= 0.8)
+        return {"experiment": result.experiment, "model": result.model, "items": len(result.items),
+                "output_spearman": float(mean[-1]),
+                "first_following_layer": int(following[0]) if len(following) else None,
+                "spearman_by_layer": [round(float(v), 4) for v in mean[:-1]],
+                "lens_max_dp": max(r.lens_max_dp for r in result.items)}
+
+    def report_columns(self, result: LensResult) -> dict[str, Any]:
+        return {"factor_min": result.config.get("low"), "factor_max": result.config.get("high"),
+                "samples": result.config.get("samples")}
+
+    def summary_figure(self, result: LensResult) -> Any:
+        from contllm.experiments.inside_figures import lens_figure
+
+        return lens_figure(result)
+
+    def item_figure(self, result: LensResult, record: LensRecord) -> Any:
+        from contllm.experiments.inside_figures import lens_figure
+
+        return lens_figure(result, [record])
+
+
+EXPERIMENT = LensExperiment()
