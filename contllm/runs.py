@@ -128,7 +128,7 @@ def _followed_link(path: Path) -> Path | None:
     lists, CSV tables), any link to a directory at the top, and everything under items/,
     shards/ and figures/.
     """
-    if not path.is_dir() or path.is_symlink() and not path.exists():
+    if not path.is_dir():
         return None
     for entry in path.iterdir():
         if entry.is_symlink() and (entry.name in OWN_ENTRIES or entry.suffix == ".csv" or entry.is_dir()):
