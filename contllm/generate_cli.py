@@ -59,7 +59,9 @@ def _check_target(target: str, prompt: str, where: str) -> None:
     if match:
         start, end = int(match.group(1)), int(match.group(2))
         if not 0 <= start < end <= len(prompt):
-            raise SignalError(f"{where}: the span {start}:{end} is not a non-empty span inside the prompt of {len(prompt)} characters")
+            raise SignalError(
+                f"{where}: the span {start}:{end} is not a non-empty span inside the prompt of {len(prompt)} characters"
+            )
         return
     if not re.search(rf"(?<!\w){re.escape(target)}(?!\w)", prompt):
         words = sorted(set(re.findall(r"\w+", prompt)))
@@ -96,8 +98,17 @@ def _steps(generation: Any, tokenizer: Any) -> list[dict[str, Any]]:
     rows = []
     for k, step in enumerate(generation.steps):
         top = [{"token_id": i, "token": tokenizer.decode([i]), "probability": p} for i, p in step.top or []]
-        rows.append({"step": k, "token_id": step.token_id, "token": step.text, "time": step.time,
-                     "duration": step.duration, "probability": step.probability, "top": top})
+        rows.append(
+            {
+                "step": k,
+                "token_id": step.token_id,
+                "token": step.text,
+                "time": step.time,
+                "duration": step.duration,
+                "probability": step.probability,
+                "top": top,
+            }
+        )
     return rows
 
 
@@ -118,11 +129,15 @@ def request(prompt: str, values: dict[str, Any]) -> Request:
     from contllm.generation import MAX_NEW_TOKENS
 
     if not prompt.strip():
-        raise SignalError("the prompt is empty; give the text to continue, e.g. contllm generate \"The capital of France is\"")
+        raise SignalError(
+            'the prompt is empty; give the text to continue, e.g. contllm generate "The capital of France is"'
+        )
     edits = parse_edits(prompt, values["scale"], values["delete"])
     steps = _number(values["max_new_tokens"], "--max-new-tokens", int)
     if not 0 <= steps <= MAX_NEW_TOKENS:
-        raise SignalError(f"--max-new-tokens must lie in 0..{MAX_NEW_TOKENS} (contllm.generation.MAX_NEW_TOKENS), got {steps}")
+        raise SignalError(
+            f"--max-new-tokens must lie in 0..{MAX_NEW_TOKENS} (contllm.generation.MAX_NEW_TOKENS), got {steps}"
+        )
     top = _number(values["top"], "--top", int)
     if top < 1:
         raise SignalError(f"--top must be >= 1, got {top}")
@@ -166,7 +181,9 @@ def run(req: Request) -> tuple[Any, Any]:
 class _Command(click.Command):
     """``contllm generate``: its usage errors (unknown option, missing value) are toolkit errors, printed on one line."""
 
-    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any) -> click.Context:
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.UsageError as exc:
@@ -197,25 +214,57 @@ COMMAND = _Command(
     help=HELP,
     params=[
         click.Argument(["prompt"]),
-        click.Option(["--model", "-m"], default=None, metavar="NAME",
-                     help="Embedded alias, Hugging Face id or local directory. [default: smollm2-135m]"),
+        click.Option(
+            ["--model", "-m"],
+            default=None,
+            metavar="NAME",
+            help="Embedded alias, Hugging Face id or local directory. [default: smollm2-135m]",
+        ),
         click.Option(["--device"], default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, ..."),
         click.Option(["--dtype"], default=None, metavar="[float32|bfloat16|float16]", help="[default: float32]"),
-        click.Option(["--scale"], multiple=True, metavar="WORD=FACTOR",
-                     help="Multiply the durations of WORD's tokens (every whole-word occurrence, or START:END) by FACTOR."),
-        click.Option(["--delete"], multiple=True, metavar="WORD", help="Give WORD's tokens duration 0 (absent from attention)."),
-        click.Option(["--duration"], default="1.0", show_default=True, metavar="D",
-                     help="Duration of each generated token (0.5: twice as fast)."),
+        click.Option(
+            ["--scale"],
+            multiple=True,
+            metavar="WORD=FACTOR",
+            help="Multiply the durations of WORD's tokens (every whole-word occurrence, or START:END) by FACTOR.",
+        ),
+        click.Option(
+            ["--delete"], multiple=True, metavar="WORD", help="Give WORD's tokens duration 0 (absent from attention)."
+        ),
+        click.Option(
+            ["--duration"],
+            default="1.0",
+            show_default=True,
+            metavar="D",
+            help="Duration of each generated token (0.5: twice as fast).",
+        ),
         click.Option(["--max-new-tokens", "-n", "max_new_tokens"], default="20", show_default=True, metavar="N"),
-        click.Option(["--sample/--greedy"], default=False, show_default=True, help="Draw tokens instead of taking the argmax."),
+        click.Option(
+            ["--sample/--greedy"], default=False, show_default=True, help="Draw tokens instead of taking the argmax."
+        ),
         click.Option(["--temperature"], default=None, metavar="T", help="With --sample: divide the logits by T > 0."),
-        click.Option(["--top-k", "top_k"], default=None, metavar="K", help="With --sample: draw among the K most likely tokens."),
-        click.Option(["--top-p", "top_p"], default=None, metavar="P", help="With --sample: draw from the smallest set holding P of the mass."),
+        click.Option(
+            ["--top-k", "top_k"], default=None, metavar="K", help="With --sample: draw among the K most likely tokens."
+        ),
+        click.Option(
+            ["--top-p", "top_p"],
+            default=None,
+            metavar="P",
+            help="With --sample: draw from the smallest set holding P of the mass.",
+        ),
         click.Option(["--seed"], default=None, metavar="S", help="With --sample: the seed that reproduces a draw."),
-        click.Option(["--stop"], multiple=True, metavar="TEXT", help="End once the continuation contains TEXT (repeatable)."),
-        click.Option(["--eos/--no-eos"], default=True, show_default=True, help="End at the model's end-of-sequence token."),
-        click.Option(["--top"], default="5", show_default=True, metavar="N", help="Most likely tokens per step in --json."),
-        click.Option(["--json", "as_json"], is_flag=True, help="One JSON object per generated token instead of the text."),
+        click.Option(
+            ["--stop"], multiple=True, metavar="TEXT", help="End once the continuation contains TEXT (repeatable)."
+        ),
+        click.Option(
+            ["--eos/--no-eos"], default=True, show_default=True, help="End at the model's end-of-sequence token."
+        ),
+        click.Option(
+            ["--top"], default="5", show_default=True, metavar="N", help="Most likely tokens per step in --json."
+        ),
+        click.Option(
+            ["--json", "as_json"], is_flag=True, help="One JSON object per generated token instead of the text."
+        ),
     ],
     callback=_callback,
 )

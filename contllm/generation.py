@@ -70,8 +70,13 @@ class Step:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (the full distribution as a list when there is one)."""
-        out: dict[str, Any] = {"token_id": self.token_id, "text": self.text, "time": self.time,
-                               "duration": self.duration, "probability": self.probability}
+        out: dict[str, Any] = {
+            "token_id": self.token_id,
+            "text": self.text,
+            "time": self.time,
+            "duration": self.duration,
+            "probability": self.probability,
+        }
         if self.top is not None:
             out["top"] = [[i, p] for i, p in self.top]
         if self.distribution is not None:
@@ -112,8 +117,10 @@ def eos_ids(model: Any) -> set[int]:
 
 # ---------------------------------------------------------------------- argument checks
 def _number(value: Any, name: str, *, low: float | None = None, positive: bool = False) -> float:
-    if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float)) and not (
-        isinstance(value, torch.Tensor) and value.ndim == 0
+    if (
+        isinstance(value, (bool, str, bytes))
+        or not isinstance(value, (int, float))
+        and not (isinstance(value, torch.Tensor) and value.ndim == 0)
     ):
         raise SignalError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     number = float(value)
@@ -143,7 +150,9 @@ def _duration_rule(duration: Duration, steps: int) -> Callable[[int, list[int]],
         except (TypeError, ValueError):
             takes = 1
         if takes not in (1, 2):
-            raise SignalError(f"a duration function takes (step) or (step, token_ids), this one takes {takes} arguments")
+            raise SignalError(
+                f"a duration function takes (step) or (step, token_ids), this one takes {takes} arguments"
+            )
 
         def call(step: int, ids: list[int]) -> float:
             value = duration(step, list(ids)) if takes == 2 else duration(step)
@@ -186,10 +195,16 @@ class _Sampler:
 def _sampler(sample: Any, temperature: Any, top_k: Any, top_p: Any, seed: Any) -> _Sampler:
     if not isinstance(sample, bool):
         raise SignalError(f"sample must be True or False, got {sample!r}")
-    given = [n for n, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("seed", seed)) if v is not None]
+    given = [
+        n
+        for n, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("seed", seed))
+        if v is not None
+    ]
     if given and not sample:
-        raise SignalError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling; "
-                          "pass sample=True (--sample on the command line); greedy decoding takes none")
+        raise SignalError(
+            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling; "
+            "pass sample=True (--sample on the command line); greedy decoding takes none"
+        )
     t = 1.0 if temperature is None else _number(temperature, "temperature", positive=True)
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise SignalError(f"top_k must be an integer >= 1, got {top_k!r}")
@@ -238,7 +253,12 @@ def check_options(
     steps = check_max_new_tokens(max_new_tokens)
     if not isinstance(stop_at_eos, bool):
         raise SignalError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
-    return steps, _duration_rule(duration, steps), _sampler(sample, temperature, top_k, top_p, seed), _stop_strings(stop)
+    return (
+        steps,
+        _duration_rule(duration, steps),
+        _sampler(sample, temperature, top_k, top_p, seed),
+        _stop_strings(stop),
+    )
 
 
 def _check_names(lm: Any, names: Any) -> None:
@@ -286,11 +306,20 @@ def generate(
     """
     single = isinstance(signals, Signal)
     if not single and not isinstance(signals, (list, tuple)):
-        raise SignalError(f"signal must be a Signal or a list of them, got {type(signals).__name__}; build one with lm.signal(text)")
-    items = check_signals(signals, single_ok=True)
+        raise SignalError(
+            f"signal must be a Signal or a list of them, got {type(signals).__name__}; build one with lm.signal(text)"
+        )
+    items = [signals] if isinstance(signals, Signal) else check_signals(signals)
     steps, rule, sampler, stops = check_options(
-        max_new_tokens, duration=duration, sample=sample, temperature=temperature, top_k=top_k, top_p=top_p,
-        seed=seed, stop=stop, stop_at_eos=stop_at_eos,
+        max_new_tokens,
+        duration=duration,
+        sample=sample,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop=stop,
+        stop_at_eos=stop_at_eos,
     )
     if stops and lm.tokenizer is None:
         raise SignalError("stop strings need a tokenizer to decode the continuation; this model has none")
@@ -336,7 +365,9 @@ def generate(
                     live[r], stopped[r] = False, why
             if not any(live) or k == steps - 1:
                 break
-            step = pad_signals([Signal.from_ids([i], [d], times=[t]) for i, d, t in zip(ids_in, durations_in, times_in)])
+            step = pad_signals(
+                [Signal.from_ids([i], [d], times=[t]) for i, d, t in zip(ids_in, durations_in, times_in)]
+            )
             logits, context = lm.forward_batch(step, logits_to_keep=1, context=context)
     out = []
     for r, s in enumerate(items):

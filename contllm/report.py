@@ -31,7 +31,7 @@ from contllm.runs import CONFIG, MANIFEST
 RESULTS = "results.json"
 REQUIRED = (CONFIG, MANIFEST, RESULTS)
 #: The files a report writes; with --force only these are replaced, nothing is deleted.
-REPORT_FILES = ("summary.md", "summary.csv", "comparison.png", "comparison.pdf")
+REPORT_FILES = ("summary.md", "summary.csv", "comparison.png", "comparison.pdf", "explorer.html")
 
 
 
@@ -306,4 +306,9 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, *, force: bool
         from contllm.plotting import save_figure
 
         paths += save_figure(fig, out / "comparison")
+    from contllm.explorer import explorer_data, page
+
+    data = explorer_data([(r.label, r.result) for r in runs])  # the same item, one curve per run
+    if data is not None:
+        paths.append(atomic_write_text(out / "explorer.html", page(data, f"{runs[0].experiment}: {len(runs)} runs")))
     return paths

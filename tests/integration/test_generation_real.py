@@ -15,9 +15,11 @@ def test_a_greedy_batch_equals_the_stock_generate_and_half_durations_change_it(s
     for signal, generation in zip(signals, got):
         with torch.no_grad():
             stock = smollm.model.generate(
-                signal.token_ids[None], attention_mask=torch.ones(1, len(signal), dtype=torch.long),
-                max_new_tokens=6, do_sample=False,
-            )[0, len(signal):]
+                signal.token_ids[None],
+                attention_mask=torch.ones(1, len(signal), dtype=torch.long),
+                max_new_tokens=6,
+                do_sample=False,
+            )[0, len(signal) :]
         assert generation.token_ids == stock.tolist()
     half = smollm.generate(signals[1], 6, duration=0.5)
     assert half.token_ids[:2] == got[1].token_ids[:2] and half.token_ids != got[1].token_ids

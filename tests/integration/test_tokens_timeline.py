@@ -56,7 +56,7 @@ def test_runs_of_each_on_both_models_compare_in_a_report(smollm: ContinuousLM, g
                     out=tmp_path / f"{name}-{model}", item_figures=False)
                 for lm, model in ((smollm, "smollm2-135m"), (gemma, "gemma3-270m"))]
         paths = write_report(runs, tmp_path / f"report-{name}")
-        assert {p.name for p in paths} == {"summary.md", "summary.csv", "comparison.png", "comparison.pdf"}
+        assert {p.name for p in paths} == {"summary.md", "summary.csv", "comparison.png", "comparison.pdf", "explorer.html"}
         table = (tmp_path / f"report-{name}" / "summary.csv").read_text().splitlines()
         assert len(table) == 3 and "mean_tracked_tokens" in table[0]
         for path in runs:

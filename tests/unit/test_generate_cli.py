@@ -53,8 +53,26 @@ def test_bad_edits_and_options_are_one_line_and_exit_2(args: list[str], needle: 
 
 
 def test_json_lines_are_the_python_apis_steps(model_dir: Path) -> None:
-    args = ["generate", PROMPT, "--model", str(model_dir), "--device", "cpu", "--scale", "cat=0.5", "--delete", "on",
-            "--duration", "0.7", "--max-new-tokens", "4", "--no-eos", "--json", "--top", "3"]
+    args = [
+        "generate",
+        PROMPT,
+        "--model",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--scale",
+        "cat=0.5",
+        "--delete",
+        "on",
+        "--duration",
+        "0.7",
+        "--max-new-tokens",
+        "4",
+        "--no-eos",
+        "--json",
+        "--top",
+        "3",
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.stdout.splitlines()]
@@ -70,4 +88,6 @@ def test_json_lines_are_the_python_apis_steps(model_dir: Path) -> None:
         assert [t["token_id"] for t in row["top"]] == [i for i, _ in step.top]
         assert [t["token"] for t in row["top"]] == [lm.tokenizer.decode([i]) for i, _ in step.top]
     text = runner.invoke(app, ["generate", PROMPT, "--model", str(model_dir), "--device", "cpu", "-n", "4", "--no-eos"])
-    assert text.exit_code == 0 and text.stdout.strip() == lm.generate(lm.signal(PROMPT), 4, stop_at_eos=False).text.strip()
+    assert (
+        text.exit_code == 0 and text.stdout.strip() == lm.generate(lm.signal(PROMPT), 4, stop_at_eos=False).text.strip()
+    )

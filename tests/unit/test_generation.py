@@ -20,10 +20,13 @@ def lm_for(family: str, impl: str = "eager") -> ContinuousLM:
 def stock_greedy(lm: ContinuousLM, ids: torch.Tensor, steps: int) -> list[int]:
     with torch.no_grad():
         out = lm.model.generate(
-            ids[None], attention_mask=torch.ones(1, len(ids), dtype=torch.long), max_new_tokens=steps,
-            do_sample=False, pad_token_id=0,
+            ids[None],
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=steps,
+            do_sample=False,
+            pad_token_id=0,
         )
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 def full_forward_greedy(lm: ContinuousLM, signal: Signal, steps: int, duration: float) -> list[int]:
@@ -106,8 +109,11 @@ def test_step_distributions_are_the_models_next_token_distributions() -> None:
     got = lm.generate(signal, 4, duration=0.7, probs="full", stop_at_eos=False)
     top = lm.generate(signal, 4, duration=0.7, probs=5, stop_at_eos=False)
     for k, (step, short) in enumerate(zip(got.steps, top.steps)):
-        prefix = Signal.from_ids(got.signal.token_ids[: len(signal) + k], got.signal.durations[: len(signal) + k],
-                                 times=got.signal.times[: len(signal) + k])
+        prefix = Signal.from_ids(
+            got.signal.token_ids[: len(signal) + k],
+            got.signal.durations[: len(signal) + k],
+            times=got.signal.times[: len(signal) + k],
+        )
         expected = lm.probs(prefix)
         assert float((step.distribution - expected).abs().max()) <= 1e-5
         assert step.probability == pytest.approx(float(expected[step.token_id]), abs=1e-6)

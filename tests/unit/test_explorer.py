@@ -1,0 +1,110 @@
+"""explorer.html: the data it carries equals the records, it fetches nothing, every sweep shape gets one."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from contllm.experiments.sums import SumRecord, SumsResult
+from contllm.experiments.sweeps import ExperimentResult, Sweep
+from contllm.experiments.tracking import Track, TrackResult
+from contllm.explorer import explorer_data, page
+from contllm.outputs import WRITERS, save
+
+pytestmark = pytest.mark.unit
+
+DIGITS = [str(d) for d in range(10)]
+
+
+def sweep_result(items: int = 2, samples: int = 5) -> ExperimentResult:
+    rng = np.random.default_rng(0)
+    records = []
+    for i in range(items):
+        probs = rng.dirichlet(np.ones(10), size=samples)
+        meta = {
+            "prompt": f'"apple apple apple" contains 3 words.\n"{"pear " * (i + 2)}" contains ',
+            "tokens": 14,
+            "edited": [9, 10],
+            "edited_tokens": [" pear", " pear"],
+            "word": "pear",
+        }
+        records.append(Sweep(f"count-{i + 1:03d}", np.linspace(0.2, 1.5, samples), DIGITS, probs, str(i + 2), meta))
+    return ExperimentResult("counting", "tiny", {}, records, x_label="factor")
+
+
+def embedded_data(html: str) -> dict:
+    match = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', html, re.S)
+    assert match, "no data block"
+    return json.loads(match.group(1).replace("<\\/", "</"))
+
+
+def test_the_page_carries_the_records_and_fetches_nothing(tmp_path: Path) -> None:
+    result = sweep_result()
+    save(result, tmp_path, formats=["results", "explorer"])
+    html = (tmp_path / "explorer.html").read_text()
+    results = json.loads((tmp_path / "results.json").read_text())
+    data = embedded_data(html)
+    assert data["knob"] == "factor" and data["experiment"] == "counting"
+    items = data["runs"][0]["items"]
+    for item, record in zip(items, results["sweeps"]):
+        assert item["id"] == record["item_id"] and item["x"] == record["x"] and item["probs"] == record["probs"]
+        assert item["labels"] == record["labels"] and item["truth"] == record["truth"]
+        assert item["edited"] == [9, 10] and item["scales"] is True
+    assert not re.search(r"<(link|img|iframe)\b|\bsrc=|@import|url\(|fetch\(|XMLHttpRequest", html)
+    assert "<script>" in html and "<style>" in html and "explorer" in WRITERS
+
+
+def test_a_prompt_holding_a_closing_tag_cannot_end_the_data_early() -> None:
+    result = sweep_result(1)
+    result.records[0].meta["prompt"] = "</script><script>alert(1)</script>"
+    html = page(explorer_data([("run", result)]))
+    assert html.count("</script>") == 2  # the data block's and the code's own
+    assert embedded_data(html)["runs"][0]["items"][0]["prompt"] == "</script><script>alert(1)</script>"
+
+
+def test_tracks_and_sums_become_items_too() -> None:
+    x = np.array([0.5, 1.0, 2.0])
+    track = Track(
+        "t-1",
+        "s",
+        x,
+        [5, 7],
+        ["a", "b"],
+        np.array([[0.6, 0.1], [0.5, 0.2], [0.1, 0.7]]),
+        [5, 5, 7],
+        ["a", "a", "b"],
+        np.array([0.6, 0.5, 0.7]),
+        1.0,
+        None,
+        None,
+        np.array([0.1, 0.5]),
+        {"prompt": "a b c", "tokens": 3, "edited": [0, 1, 2], "edited_tokens": ["a", " b", " c"]},
+    )
+    tracked = explorer_data([("run", TrackResult("scaling", "tiny", {}, [track]))])
+    item = tracked["runs"][0]["items"][0]
+    assert tracked["knob"] == "s" and item["labels"] == ["a", "b"] and item["probs"][2] == [0.1, 0.7] and item["scales"]
+    steps = [[[0.9] + [0.0] * 9, None, [0.0, 1.0] + [0.0] * 8]]
+    record = SumRecord("sum-1", x, DIGITS, steps, ["4", "", "1"], 4, 2, 2, {"prompt": "2+2="})
+    summed = explorer_data([("run", SumsResult("sums", "tiny", {}, [record]))])
+    probs = summed["runs"][0]["items"][0]["probs"]
+    assert probs[0][0] == 0.9 and probs[1] == [0.0] * 10 and probs[2][1] == 1.0
+
+
+def test_a_report_page_holds_every_run_and_non_finite_values_become_gaps() -> None:
+    first, second = sweep_result(2), sweep_result(1)
+    second.records[0].probs[1, 3] = np.nan
+    data = explorer_data([("smollm", first), ("gemma", second)])
+    assert [run["name"] for run in data["runs"]] == ["smollm", "gemma"]
+    assert data["runs"][1]["items"][0]["probs"][1][3] is None
+    assert "NaN" not in page(data)
+
+
+def test_results_without_a_read_out_get_no_page() -> None:
+    class Depth:
+        experiment, model, records = "depth", "tiny", []
+
+    assert explorer_data([("run", Depth())]) is None
