@@ -439,7 +439,7 @@ def _read_record(path: Path, decode: Callable[[dict[str, Any]], Any]) -> tuple[s
         if not isinstance(item_id, str) or record_name(item_id) != path.name:
             return None  # a record under another item's name is not trusted
         return item_id, decode(data["record"])
-    except Exception:  # noqa: BLE001 - whatever is wrong with a record, it is recomputed
+    except Exception:  # whatever is wrong with a record, it is recomputed
         return None
 
 
