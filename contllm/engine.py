@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Literal, Protocol
 
 import torch
@@ -129,8 +130,16 @@ class EvaluatedModel(Protocol):
 
     def patched(self) -> Any: ...
 
-    def forward_batch(self, batch: SignalBatch, **options: Any) -> tuple[torch.Tensor, Context | None]:
-        """One forward of a padded batch (options: logits_to_keep, context, use_cache, prefix)."""
+    def forward_batch(
+        self,
+        batch: SignalBatch,
+        *,
+        logits_to_keep: int | torch.Tensor = ...,
+        context: Context | None = ...,
+        use_cache: bool = ...,
+        prefix: Any = ...,
+    ) -> tuple[torch.Tensor, Context | None]:
+        """One forward of a padded batch."""
 
 
 @contextmanager
@@ -326,7 +335,7 @@ def default_batch_tokens(lm: EvaluatedModel) -> int:
     return int(min(max(_ACCELERATOR_MEMORY_SHARE * free / per_token, 1024), 1 << 20))
 
 
-def check_signals(signals: Sequence[Signal], *, single_ok: bool = False) -> list[Signal]:
+def check_signals(signals: Signal | Sequence[Signal], *, single_ok: bool = False) -> list[Signal]:
     """``signals`` as a list of Signal objects (also one Signal alone with ``single_ok``); SignalError naming them."""
     if isinstance(signals, Signal):
         if single_ok:
@@ -348,7 +357,7 @@ def check_signals(signals: Sequence[Signal], *, single_ok: bool = False) -> list
     return items
 
 
-def normalize_positions(positions: Any) -> str | int | list[int]:
+def normalize_positions(positions: Any) -> Literal["last", "all"] | int | list[int]:
     """``positions`` as "last", "all", an int or a list of ints; SignalError naming anything else.
 
     Python, NumPy and 0-d torch integers are taken; floats (2.5), booleans and other
@@ -358,8 +367,10 @@ def normalize_positions(positions: Any) -> str | int | list[int]:
         f"positions must be 'last', 'all', a token index or a list of token indices (integers), got {positions!r}"
     )
     if isinstance(positions, str):
-        if positions in ("last", "all"):
-            return positions
+        if positions == "last":
+            return "last"
+        if positions == "all":
+            return "all"
         raise bad
     if isinstance(positions, bool):
         raise bad
@@ -429,7 +440,8 @@ def _warn_length(model: Any, signals: Sequence[Signal]) -> None:
 def _user_stacklevel() -> int:
     """The ``stacklevel`` that points a warning raised by the caller at the first frame outside contllm."""
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_code.co_filename.startswith(package):
         frame, level = frame.f_back, level + 1
     return level

@@ -19,7 +19,7 @@ from contllm.files import file_mode, note_written
 if not os.environ.get("DISPLAY") and "MPLBACKEND" not in os.environ:
     matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 __all__ = ["plt", "save_figure"]
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -78,14 +78,14 @@ class _InputCast:
         if not args or not isinstance(args[0], torch.Tensor):
             return None
         x = args[0]
-        dtype = module.weight.dtype
+        dtype = cast(torch.Tensor, module.weight).dtype
         if not x.is_floating_point() or x.dtype == dtype:
             return None
-        cast = self._cast
-        if not (x is self._source and cast is not None and cast.dtype == dtype):
-            cast = x.to(dtype)
-            self._source, self._cast = x, cast
-        return (cast, *args[1:])
+        converted = self._cast
+        if not (x is self._source and converted is not None and converted.dtype == dtype):
+            converted = x.to(dtype)
+            self._source, self._cast = x, converted
+        return (converted, *args[1:])
 
     def clear(self) -> None:
         self._source = self._cast = None
@@ -217,7 +217,7 @@ def float32_readout(model: nn.Module) -> Iterator[None]:
     of its weight per forward. A float32 model, or a head that is not a plain Linear, is
     left as it is.
     """
-    head = model.get_output_embeddings()
+    head = cast(Any, model).get_output_embeddings()  # a transformers model's method, not nn.Module's
     if not isinstance(head, nn.Linear) or head.weight.dtype == torch.float32:
         yield
         return

@@ -105,9 +105,14 @@ def _check_times(times: torch.Tensor) -> None:
         )
 
 
-def _unit_if_none(durations: Sequence[float] | torch.Tensor | None, n: int) -> Sequence[float] | torch.Tensor:
-    """``durations``, or n unit durations when none are given."""
-    return torch.ones(n, dtype=torch.float64) if durations is None else durations
+def _unit_if_none(durations: Sequence[float] | torch.Tensor | None, n: int) -> torch.Tensor:
+    """``durations`` as a float vector, or n unit durations when none are given."""
+    return torch.ones(n, dtype=torch.float64) if durations is None else _as_float_vector(durations, "durations")
+
+
+def _times_or_none(times: Sequence[float] | torch.Tensor | None) -> torch.Tensor | None:
+    """``times`` as a float vector, or None (times follow the durations)."""
+    return None if times is None else _as_float_vector(times, "times")
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,7 @@ class Signal:
             raise SignalError(f"token_ids must be a 1-D sequence of integers, got {_describe(token_ids)}") from err
         if ids.ndim != 1:
             raise SignalError(f"token_ids must be 1-D, got shape {tuple(ids.shape)}")
-        return cls(durations=_unit_if_none(durations, len(ids)), token_ids=ids, explicit_times=times, start=start)
+        return cls(durations=_unit_if_none(durations, len(ids)), token_ids=ids, explicit_times=_times_or_none(times), start=start)
 
     @classmethod
     def from_embeds(
@@ -215,7 +220,7 @@ class Signal:
             raise SignalError(f"embeds must be a torch.Tensor [tokens, hidden], got {_describe(embeds)}")
         if embeds.ndim != 2:
             raise SignalError(f"embeds must have shape [tokens, hidden], got {tuple(embeds.shape)}")
-        return cls(durations=_unit_if_none(durations, embeds.shape[0]), embeds=embeds, explicit_times=times, start=start)
+        return cls(durations=_unit_if_none(durations, embeds.shape[0]), embeds=embeds, explicit_times=_times_or_none(times), start=start)
 
     @classmethod
     def from_text(cls, tokenizer: Any, text: str, *, add_special_tokens: bool = True) -> Signal:
@@ -317,14 +322,14 @@ class Signal:
 
     def with_durations(self, durations: Sequence[float] | torch.Tensor) -> Signal:
         """The same tokens with new durations [tokens] (finite, >= 0; times within +-:data:`MAX_TIME`)."""
-        return replace(self, durations=durations)
+        return replace(self, durations=_as_float_vector(durations, "durations"))
 
     def with_times(self, times: Sequence[float] | torch.Tensor | None) -> Signal:
         """The same tokens at explicit times [tokens] (None: times follow the durations again).
 
         Every time must lie within +-:data:`MAX_TIME`.
         """
-        return replace(self, explicit_times=times)
+        return replace(self, explicit_times=_times_or_none(times))
 
     def repeat(self, span: Span, count: int) -> Signal:
         """Repeat the tokens overlapping ``span`` so that they occur ``count`` times in a row."""

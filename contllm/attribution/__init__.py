@@ -180,7 +180,7 @@ class Readout:
         if self.kind == "expectation":
             weights = lib.exp(label_logp - label_logp.max(-1, keepdims=True) if lib is np else
                               label_logp - label_logp.max(-1, keepdim=True).values)
-            values = np.asarray(self.values, dtype=np.float64)
+            values: Any = np.asarray(self.values, dtype=np.float64)
             if lib is not np:
                 values = torch.as_tensor(values, dtype=label_logp.dtype, device=label_logp.device)
             return (weights * values).sum(-1) / weights.sum(-1)
@@ -429,7 +429,10 @@ def occlusion(
     if evaluate is None:
         from contllm.engine import Engine
 
-        evaluate = Engine(lm).probs
+        engine = Engine(lm)
+
+        def evaluate(batch: list[Signal]) -> torch.Tensor:
+            return engine.probs(batch)  # type: ignore[return-value]  # last positions: one tensor [S, vocab]
     signals = [signal] + [signal.scale_tokens([j], c) for c in factors for j in chosen]
     f = readout.from_probs(evaluate(signals))
     return float(f[0]), (f[0] - f[1:]).reshape(len(factors), len(chosen))

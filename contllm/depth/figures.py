@@ -191,7 +191,7 @@ def _half_figure(result: DepthResult) -> Any:
     left.set_yscale("log")
     left.set_ylabel("||h'' - Φ_l(h)|| / ||f_l(h)||")
     left.set_title("local defect of two half steps against one step", fontsize=10)
-    right.bar(layers, _positive(half["kl_layer_last"]), color="C0", alpha=0.7, label="layer l split alone")
+    right.bar(layers, _positive(np.asarray(half["kl_layer_last"])), color="C0", alpha=0.7, label="layer l split alone")
     right.axhline(float(half["kl_all_last"]), color="k", lw=2, label=f"every layer split: {float(half['kl_all_last']):.3g}")
     right.set_yscale("log")
     right.set_ylabel("KL(p_half || p), last position (mean over prompts)")

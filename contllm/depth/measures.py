@@ -190,9 +190,9 @@ def _extreme_eigenvalue(
     theta, best = -math.inf, v
     for _ in range(iters):
         w = apply(v)
-        q = dot(v, w)
-        if q > theta:
-            theta, best = q, v
+        quotient = dot(v, w)
+        if quotient > theta:
+            theta, best = quotient, v
         shifted = w + shift * v
         if norm(shifted) == 0.0:
             break
@@ -235,7 +235,7 @@ def jacobian_bounds(
         return torch.randn(h.shape, generator=generator, dtype=torch.float32).to(device=h.device, dtype=h.dtype) * mask
 
     with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
-        _, vjp_fn = torch.func.vjp(f, h)
+        vjp_fn = torch.func.vjp(f, h)[1]
 
         def jv(v: torch.Tensor) -> torch.Tensor:
             return torch.func.jvp(f, (h,), (v * mask,))[1] * mask

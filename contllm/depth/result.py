@@ -299,8 +299,8 @@ class DepthResult:
                 for kind in ("orthogonal", "along"):
                     row[f"L_{kind}@{eps:g}"] = lip[f"L_{kind}"][e, layer]
                     row[f"mu_{kind}@{eps:g}"] = lip[f"mu_{kind}"][e, layer]
-            row["half_defect"] = half["defect"][layer]
-            row["half_kl_last"] = half["kl_layer_last"][layer]
+            row["half_defect"] = np.asarray(half["defect"])[layer]
+            row["half_kl_last"] = np.asarray(half["kl_layer_last"])[layer]
             rows.append({k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in row.items()})
         return rows
 

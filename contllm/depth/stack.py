@@ -101,7 +101,7 @@ class LayerStack:
     """
 
     def __init__(self, model: Any) -> None:
-        self.model = model_of(model)
+        self.model: Any = model_of(model)  # a transformers causal LM: its methods are not nn.Module's
         self.layers = decoder_layers(model)
         self.norm = final_norm(model)
 

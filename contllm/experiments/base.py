@@ -28,7 +28,8 @@ from contllm.logs import note
 class Item(Protocol):
     """A unit of work: the runner records, resumes and shards experiments by ``id``."""
 
-    id: str
+    @property
+    def id(self) -> str: ...  # read-only, so that frozen dataclasses are items too
 
 
 class Result(Protocol):

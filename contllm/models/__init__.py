@@ -23,18 +23,6 @@ from contllm.models.cache import (
     cache_root,
     write_cache_entry,
 )
-from contllm.models.chunked import ChunkedGguf, ChunkPart
-from contllm.models.conversion import convert_embedded, ensure_cached
-from contllm.models.load import (
-    DEVICE_MAPS,
-    check_device_map,
-    choose_attn_implementation,
-    format_listings,
-    list_models,
-    load_model,
-    parse_dtype,
-    resolve_device,
-)
 from contllm.models.catalog import (
     DEFAULT_MODEL,
     REGISTRY,
@@ -47,6 +35,18 @@ from contllm.models.catalog import (
     ModelSource,
     PackagedGguf,
     resolve,
+)
+from contllm.models.chunked import ChunkedGguf, ChunkPart
+from contllm.models.conversion import convert_embedded, ensure_cached
+from contllm.models.load import (
+    DEVICE_MAPS,
+    check_device_map,
+    choose_attn_implementation,
+    format_listings,
+    list_models,
+    load_model,
+    parse_dtype,
+    resolve_device,
 )
 
 __all__ = [

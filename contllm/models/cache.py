@@ -205,6 +205,7 @@ def _file_problem(entry: Path, item: Any, deep: bool, refresh: dict[str, dict[st
     name = item.get("name")
     if problem := safe_entry_name(name):
         return problem
+    assert isinstance(name, str)  # safe_entry_name refused anything else
     path = entry / name
     try:
         st = path.lstat()

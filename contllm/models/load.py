@@ -196,7 +196,7 @@ def _from_pretrained(
             model_kwargs["max_memory"] = dict(max_memory)
     model = AutoModelForCausalLM.from_pretrained(location, **model_kwargs)
     if device_map is None and device is not None:
-        model.to(device)
+        model.to(device)  # type: ignore[arg-type]  # transformers' decorated to() hides its signature
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(location, **common)
     if not getattr(tokenizer, "is_fast", False):

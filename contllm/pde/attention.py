@@ -63,9 +63,7 @@ def row_support(mask: torch.Tensor | None, weights: torch.Tensor) -> tuple[torch
         return mask, None
     support = mask > torch.finfo(mask.dtype).min
     widths = torch.exp(torch.where(support, mask, torch.zeros((), dtype=mask.dtype)).to(torch.float64))
-    if bool(torch.all(widths == 1.0)):
-        widths = None
-    return support, widths
+    return support, (None if bool(torch.all(widths == 1.0)) else widths)
 
 
 def _repeat_heads(value: torch.Tensor, heads: int) -> torch.Tensor:

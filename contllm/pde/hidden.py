@@ -86,7 +86,7 @@ class _LayerSmoother:
         if cache is not None and hasattr(cache, "get_seq_length"):
             seen = int(cache.get_seq_length(self.layer)) - queries
         if seen > 0:
-            if self.history is None or self.history.shape[1] != seen or self.history.shape[0] != batch:
+            if self.history is None or self.valid is None or self.history.shape[1] != seen or self.history.shape[0] != batch:
                 raise DynamicsError(
                     "hidden-state smoothing continued a KV cache it did not see filled; "
                     "open the smoothing context before the prefill"
