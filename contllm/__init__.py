@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         SignalError,
         UnsupportedModelError,
     )
+    from contllm.explorer import explore
     from contllm.families import FAMILIES, Family, family_of
     from contllm.lm import ContinuousLM, Generation, wrap
     from contllm.models import DEFAULT_MODEL
@@ -42,6 +43,7 @@ __getattr__, _lazy = lazy_exports(
             "SignalError",
             "UnsupportedModelError",
         ),
+        "contllm.explorer": ("explore",),
         "contllm.families": ("FAMILIES", "Family", "family_of"),
         "contllm.lm": ("ContinuousLM", "Generation", "wrap"),
         "contllm.models": ("DEFAULT_MODEL",),

@@ -9,8 +9,11 @@ long as their durations (the edited ones highlighted). ``contllm report`` writes
 across runs: the same item, one curve per run.
 
 The data, script and style are inline; nothing is fetched, so the page opens from the
-file system and keeps working offline. This module imports neither torch nor numpy: it
-reads the result's records through their ``to_dict()``.
+file system and keeps working offline. The page's part imports neither torch nor numpy:
+it reads the result's records through their ``to_dict()``.
+
+In Jupyter, :func:`explore` computes one duration sweep of a signal and scrubs it with an
+ipywidgets slider (the ``widgets`` extra).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-__all__ = ["explorer_data", "item_view", "page"]
+__all__ = ["Exploration", "explore", "explorer_data", "item_view", "page"]
 
 #: Knobs that multiply the edited tokens' durations (the token strip draws them scaled).
 DURATION_KNOBS = ("factor", "c", "s", "scale", "duration")
@@ -107,3 +110,89 @@ def page(data: dict[str, Any], title: str | None = None) -> str:
         f'<script type="application/json" id="explorer-data">{payload}</script>\n'
         f"<script>\n{_asset('explorer.js')}</script>\n</body>\n</html>\n"
     )
+
+
+# ---------------------------------------------------------------------- in Jupyter
+class Exploration:
+    """One sweep computed by :func:`explore`, scrubbed with ipywidgets.
+
+    x: the duration factors [S]; labels: the tracked tokens [K] (decoded); probs: their
+    probabilities [S][K] (lists of floats); signals: the swept signals [S]. ``widget()``
+    builds the sliders; displaying the object in Jupyter shows it.
+    """
+
+    def __init__(self, x: list[float], labels: list[str], probs: list[list[float]], signals: list[Any]) -> None:
+        self.x, self.labels, self.probs, self.signals = x, labels, probs, signals
+
+    def at(self, value: float) -> dict[str, float]:
+        """label -> probability at the factor nearest ``value``."""
+        k = min(range(len(self.x)), key=lambda i: abs(self.x[i] - value))
+        return dict(zip(self.labels, self.probs[k]))
+
+    def bars(self, k: int) -> str:
+        """HTML bars of the tracked tokens at the k-th factor, with each token's duration drawn below."""
+        rows = "".join(
+            f'<div style="display:flex;gap:6px;align-items:center;font:12px monospace">'
+            f'<span style="width:8em;text-align:right;white-space:pre">{html.escape(label)}</span>'
+            f'<span style="width:{240 * p:.1f}px;height:12px;background:#4a7bd0;display:inline-block"></span>'
+            f'<span data-label="{html.escape(label)}">{p:.4f}</span></div>'
+            for label, p in zip(self.labels, self.probs[k])
+        )
+        signal = self.signals[k]
+        durations = [float(d) for d in signal.durations]
+        boxes = "".join(
+            f'<span title="token {i}, duration {d:g}" style="display:inline-block;height:14px;margin-right:1px;'
+            f'width:{max(2.0, 14 * d):.1f}px;background:{"#ffd27a" if abs(d - 1) > 1e-12 else "#dde4f0"}"></span>'
+            for i, d in enumerate(durations)
+        )
+        return f"<div>{rows}</div><div style='margin-top:6px;white-space:nowrap;overflow-x:auto'>{boxes}</div>"
+
+    def widget(self) -> Any:
+        """An ipywidgets box: a slider over the factors and the bars at its value."""
+        try:
+            import ipywidgets as widgets  # type: ignore[import-untyped]
+        except ImportError:
+            from contllm.errors import MissingDependencyError
+
+            raise MissingDependencyError(
+                "contllm.explore needs ipywidgets: pip install 'contllm[widgets]' (or pip install ipywidgets)"
+            ) from None
+        slider = widgets.SelectionSlider(options=[(f"{v:g}", k) for k, v in enumerate(self.x)], description="factor")
+        view = widgets.HTML(self.bars(slider.value))
+        slider.observe(lambda change: setattr(view, "value", self.bars(change["new"])), names="value")
+        return widgets.VBox([slider, view])
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget())
+
+
+def explore(lm: Any, signal: Any, spans: Any, *, factors: Sequence[float] | None = None, top: int = 10) -> Exploration:
+    """Sweep the durations of ``spans`` of ``signal`` once and scrub the read-out with a slider in Jupyter.
+
+    lm: a ContinuousLM; signal: a Signal made from text; spans: character spans (from
+    ``signal.find``) whose tokens are scaled. factors: the duration factors (default 0.1
+    to 2 in 20 steps, 1 included); top: how many tokens to track (those most likely at
+    some factor). Returns an :class:`Exploration`; displaying it shows the slider and
+    the bars (ipywidgets, the ``widgets`` extra). Raises SignalError for bad spans or
+    factors, before the model runs.
+    """
+    from contllm.errors import SignalError
+    from contllm.signal import Signal
+
+    if not isinstance(signal, Signal):
+        raise SignalError(f"explore takes a Signal, got {type(signal).__name__}; build one with lm.signal(text)")
+    values = [i / 10 for i in range(1, 21)] if factors is None else [float(f) for f in factors]
+    if not values or any(not math.isfinite(v) or v < 0 for v in values):
+        raise SignalError(f"factors must be finite numbers >= 0, at least one, got {factors!r}")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise SignalError(f"top must be an integer >= 1, got {top!r}")
+    edited = signal.token_indices(spans)
+    signals = [signal.scale_tokens(edited, v) for v in values]
+    probs = lm.probs(signals)  # [S, vocab]
+    peak = probs.max(dim=0).values
+    tracked = peak.argsort(descending=True)[:top].tolist()
+    labels = [lm.tokenizer.decode([i]) if lm.tokenizer is not None else f"<id {i}>" for i in tracked]
+    table = [[float(p) for p in row] for row in probs[:, tracked]]
+    return Exploration(values, labels, table, signals)

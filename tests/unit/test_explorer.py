@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -108,3 +109,28 @@ def test_results_without_a_read_out_get_no_page() -> None:
         experiment, model, records = "depth", "tiny", []
 
     assert explorer_data([("run", Depth())]) is None
+
+
+def test_explore_sweeps_once_and_the_slider_shows_each_factor() -> None:
+    import contllm
+    from contllm import ContinuousLM, SignalError
+    from tests.unit.test_models_unit import tiny_model, tiny_tokenizer
+
+    lm = ContinuousLM(tiny_model(3), tiny_tokenizer())
+    signal = lm.signal("the cat sat on a mat")
+    spans = signal.find("cat")
+    found = contllm.explore(lm, signal, spans, factors=[0.25, 1.0, 2.0], top=4)
+    assert found.x == [0.25, 1.0, 2.0] and len(found.labels) == 4
+    for k, factor in enumerate(found.x):
+        expected = lm.probs(signal.scale(spans, factor))
+        ids = [lm.tokenizer.convert_tokens_to_ids(label) for label in found.labels]
+        assert found.probs[k] == pytest.approx([float(expected[i]) for i in ids], abs=1e-6)
+    box = found.widget()
+    slider, view = box.children
+    slider.value = 2  # the third factor, as a user drags it
+    shown = {html.unescape(label): p for label, p in re.findall(r'data-label="([^"]*)">([0-9.]+)<', view.value)}
+    assert shown == {label: f"{p:.4f}" for label, p in zip(found.labels, found.probs[2])}
+    with pytest.raises(SignalError, match="factors must be finite numbers >= 0"):
+        contllm.explore(lm, signal, spans, factors=[-1.0])
+    with pytest.raises(SignalError, match="explore takes a Signal"):
+        contllm.explore(lm, "the cat", spans)
