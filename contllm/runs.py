@@ -301,7 +301,7 @@ class RunDir:
 
     def _temporary_files(self) -> Iterator[Path]:
         """The temporary files of the toolkit's writers (``.<name>.<random>.tmp``) among the run's own entries."""
-        top = [(str(self.path), [], [p.name for p in self.path.iterdir()])]
+        top: list[tuple[str, list[str], list[str]]] = [(str(self.path), [], [p.name for p in self.path.iterdir()])]
         below = [os.walk(p) for p in (self.path / ITEMS, self.path / SHARDS, self.path / FIGURES) if p.is_dir()]
         for walk in (top, *below):
             for where, _, files in walk:

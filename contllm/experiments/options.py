@@ -95,10 +95,10 @@ def read_value(value: Any, kind: Kind, where: str) -> Any:
             return value
         raise ExperimentError(f"{where} must be a string, got {shown(value)}")
     if kind == "int":
-        number = _integer(value)
-        if number is None:
+        whole = _integer(value)
+        if whole is None:
             raise ExperimentError(f"{where} must be an integer, got {shown(value)}")
-        return number
+        return whole
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ExperimentError(f"{where} must be a number, got {shown(value)}")
