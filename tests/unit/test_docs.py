@@ -1,0 +1,159 @@
+"""The documentation cannot fall behind the code: what docs/hooks.py generates, and the front page.
+
+The command reference is generated from the registry when the site is built; these tests
+check that it holds every experiment and every option with its help, that an option
+without help stops it, that every public name of ``contllm`` has an API page, that pages
+others add reach the navigation, and that the README stays a front page whose links and
+commands hold.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]')")
+
+import contllm
+from contllm import registry
+from contllm.experiments.base import Experiment
+from contllm.experiments.options import Option
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+
+
+def _hooks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("contllm_docs_hooks", DOCS / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hooks = _hooks()
+
+
+@pytest.fixture(scope="module")
+def commands_page() -> str:
+    return hooks.commands_page()
+
+
+def test_every_experiment_and_option_is_in_the_command_reference(commands_page: str) -> None:
+    names = registry.names()
+    assert len(names) >= 13
+    for name in names:
+        experiment = registry.get(name)
+        section = commands_page.split(f"\n### {name}\n", 1)[1].split("\n### ", 1)[0]
+        assert experiment.help.strip() and experiment.help.replace("|", "\\|") in section
+        assert f"contllm run {name} [OPTIONS]" in section  # the command's own --help
+        for option in experiment.options:
+            assert option.help.strip(), f"{name}: {option.cli_flag} has no help"
+            row = f"| `{option.cli_flag}` | {option.kind} | {option.help.replace('|', chr(92) + '|')} |"
+            assert row in section, f"{name}: {option.cli_flag} missing from the command reference"
+            assert option.cli_flag.split("/")[0] in section.split("```text", 1)[1], (
+                f"{name}: {option.cli_flag} not in --help"
+            )
+    for command in ("## contllm run", "## contllm models", "## contllm report"):
+        assert command in commands_page
+
+
+@dataclass
+class _Config:
+    factor: float = 0.5
+
+
+class _Undocumented(Experiment):
+    name = "undocumented"
+    help = "An experiment whose option has no help."
+    Config = _Config
+    options = (Option("factor", "float", "  "),)
+
+
+UNDOCUMENTED = _Undocumented()
+
+
+def test_an_option_without_help_stops_the_build() -> None:
+    with pytest.raises(hooks.UndocumentedOption, match="--factor"):
+        hooks.check_documented("undocumented", UNDOCUMENTED)
+    registry.register("undocumented", f"{__name__}:UNDOCUMENTED")
+    try:
+        with pytest.raises(hooks.UndocumentedOption, match="undocumented"):
+            hooks.commands_page()
+    finally:
+        registry.unregister("undocumented")
+
+
+def test_every_public_name_of_contllm_has_an_api_page() -> None:
+    griffe = pytest.importorskip("griffe")
+    package = griffe.load("contllm", search_paths=[str(ROOT)], resolve_aliases=False)
+    modules = hooks.public_modules()
+    assert "contllm.signal" in modules and "contllm.experiments.counting" in modules
+    assert not [m for m in modules if any(part.startswith("_") for part in m.split("."))]
+    defined: dict[str, str] = {}
+    for module in modules:
+        obj: Any = package if module == "contllm" else package[module.removeprefix("contllm.")]
+        for name, member in obj.members.items():
+            if not member.is_alias:
+                defined.setdefault(name, module)
+    missing = [name for name in contllm.__all__ if name not in defined]
+    assert not missing, f"public names of contllm with no API page: {missing}"
+    assert hooks.api_page("contllm.signal") == "# `contllm.signal`\n\n::: contllm.signal\n"
+
+
+def test_the_navigation_takes_pages_that_exist_and_adds_the_others(tmp_path: Path) -> None:
+    (tmp_path / "index.md").write_text("# home\n")
+    (tmp_path / "extra.md").write_text("# a page someone added\n")
+    config = {
+        "docs_dir": str(tmp_path),
+        "nav": [{"Home": "index.md"}, {"Not yet": "missing.md"}, {"Group": ["missing-too.md"]}],
+    }
+    nav = hooks.on_config(config)["nav"]
+    flat = str(nav)
+    assert "missing.md" not in flat and "missing-too.md" not in flat and "Group" not in flat
+    assert {"More": ["extra.md"]} in nav
+    assert any("API reference" in entry for entry in nav if isinstance(entry, dict))
+
+
+def test_executed_notebooks_are_required_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hooks, "EXECUTED", tmp_path)
+    monkeypatch.delenv("CONTLLM_DOCS_EXECUTED", raising=False)
+    stored = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    assert [path for _, path in hooks.notebook_sources()] == stored  # without a run: the stored ones
+    (tmp_path / stored[0].name).write_text(stored[0].read_text())
+    assert hooks.notebook_sources()[0][1] == tmp_path / stored[0].name  # an executed copy wins
+    monkeypatch.setenv("CONTLLM_DOCS_EXECUTED", "1")
+    with pytest.raises(hooks.PluginError, match=stored[1].name):
+        hooks.notebook_sources()
+
+
+def _measured_rows(text: str) -> list[str]:
+    """Table rows with a measured number (a decimal or a percentage) after the first cell."""
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith("|") and re.search(r"\d+\.\d+|\d+%", "|".join(line.split("|")[2:]))
+    ]
+
+
+def test_the_readme_is_a_front_page_whose_links_and_numbers_hold() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 250
+    assert "bash scripts/setup.sh && .venv/bin/contllm run counting" in readme
+    assert "bash scripts/setup.sh && .venv/bin/python -m pytest" in readme
+    assert "Language Models Are Implicitly Continuous" in readme and "ICLR 2025" in readme
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
+        if "://" not in target:
+            assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+    pages = "\n".join(p.read_text() for p in DOCS.rglob("*.md"))
+    for row in _measured_rows(readme):  # a measured table the docs do not hold may not live only here
+        assert row in pages, f"README row not in the docs: {row}"
+    assert _measured_rows("| | a | b |\n| counting: accuracy | 43.1% | 0.994 |") == [
+        "| counting: accuracy | 43.1% | 0.994 |"
+    ]
