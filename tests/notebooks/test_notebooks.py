@@ -21,6 +21,9 @@ from nbclient import NotebookClient
 pytestmark = pytest.mark.notebook
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+#: Where each executed notebook is written, outputs and figures included: the documentation
+#: site shows these (docs/hooks.py), so the notebooks run once per CI run, not twice.
+EXECUTED = Path(__file__).resolve().parents[2] / "build" / "notebooks"
 EXPECTED = {
     "explore.ipynb", "counting.ipynb", "events.ipynb", "boolean.ipynb", "equivalence.ipynb",
     "interpolation.ipynb", "tokens.ipynb", "sums.ipynb", "attribution.ipynb",
@@ -75,3 +78,5 @@ def test_runs_top_to_bottom(path: Path, kernel_specs: KernelSpecManager) -> None
     client.execute()
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert images, f"{path.name} drew no figure"
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, EXECUTED / path.name)
