@@ -50,10 +50,21 @@ def _help_text(args: list[str]) -> str:
 
     from contllm.cli import app
 
-    done = CliRunner().invoke(app, args, terminal_width=100)
+    done = CliRunner().invoke(app, args, prog_name="contllm", terminal_width=88)
     if done.exit_code != 0:
         raise PluginError(f"`contllm {' '.join(args)}` exited with {done.exit_code}: {done.output.strip()}")
     return done.output.rstrip()
+
+
+def top_commands() -> list[str]:
+    """The commands of ``contllm`` other than ``run``, as the command line lists them."""
+    import click
+    import typer
+
+    from contllm.cli import app
+
+    group: Any = typer.main.get_command(app)  # a click group (typer may carry its own click)
+    return [name for name in group.list_commands(click.Context(group)) if name != "run"]
 
 
 def experiment_rows() -> list[tuple[str, Any]]:
@@ -95,7 +106,7 @@ def commands_page() -> str:
         "```",
         "",
     ]
-    for extra in ("models", "report"):
+    for extra in top_commands():
         lines += [f"## contllm {extra}", "", "```text", _help_text([extra, "--help"]), "```", ""]
     lines += ["## Experiments", ""]
     for name, experiment in experiment_rows():

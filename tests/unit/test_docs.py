@@ -60,8 +60,9 @@ def test_every_experiment_and_option_is_in_the_command_reference(commands_page: 
             assert option.cli_flag.split("/")[0] in section.split("```text", 1)[1], (
                 f"{name}: {option.cli_flag} not in --help"
             )
-    for command in ("## contllm run", "## contllm models", "## contllm report"):
-        assert command in commands_page
+    for command in ("run", "models", "report"):
+        assert f"## contllm {command}\n" in commands_page
+    assert f"Usage: contllm {command} [OPTIONS]" in commands_page
 
 
 @dataclass
