@@ -39,7 +39,7 @@ from contllm.engine import check_inputs, check_signals, evaluation
 from contllm.errors import SignalError
 from contllm.signal import Signal, pad_signals
 
-__all__ = ["MAX_NEW_TOKENS", "Generation", "Step", "check_options", "generate"]
+__all__ = ["GENERATE_OPTIONS", "MAX_NEW_TOKENS", "Generation", "Step", "check_options", "generate"]
 
 #: Most tokens one call may generate per signal: a KV cache of this many steps stays a few
 #: hundred MB on the embedded models, and a loop past it is a mistake rather than a wish.
@@ -428,3 +428,9 @@ def continued(lm: Any, signal: Signal, steps: Sequence[Step]) -> Signal:
         text = signal.text + lm.tokenizer.decode(new.tolist())
         offsets = signal.offsets + tuple((base + a, base + b) for a, b in itertools.pairwise(pieces))
     return Signal(durations=durations, token_ids=ids, embeds=embeds, explicit_times=times, text=text, offsets=offsets)
+
+
+#: The keyword options of :func:`generate` (``lm.generate`` refuses any other by name).
+GENERATE_OPTIONS = tuple(
+    name for name, p in inspect.signature(generate).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY
+)

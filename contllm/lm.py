@@ -20,7 +20,7 @@ from contllm.attention import continuous_positions, model_masks
 from contllm.engine import Context, Engine, Positions, check_signals
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.families import Family, family_of
-from contllm.generation import Duration, Generation, generate
+from contllm.generation import GENERATE_OPTIONS, Generation, generate
 from contllm.hooks import cache_keyword, cache_of
 from contllm.interop import ForwardInputs, forward_kwargs
 from contllm.prefix import SharedKeys, shared_attention
@@ -265,33 +265,22 @@ class ContinuousLM:
 
     # ------------------------------------------------------------------ generation
     def generate(
-        self,
-        signals: Signal | Sequence[Signal],
-        max_new_tokens: int = 20,
-        *,
-        duration: Duration = 1.0,
-        sample: bool = False,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        stop_at_eos: bool = True,
-        probs: int | str | None = None,
-        activations: str | Sequence[str] | None = None,
+        self, signals: Signal | Sequence[Signal], max_new_tokens: int = 20, **options: Any
     ) -> Generation | list[Generation]:
-        """Continue ``signals`` through the KV cache, each new token lasting ``duration``: :func:`contllm.generation.generate`.
+        """Continue ``signals`` through the KV cache: :func:`contllm.generation.generate` (its options, by keyword).
 
         A single Signal gives one :class:`~contllm.generation.Generation`, a list a list.
-        Greedy by default; ``sample=True`` draws with temperature, top_k, top_p and seed.
-        stop, stop_at_eos end a row; probs asks for each step's top-k or "full"
-        distribution, activations for named activations per step. max_new_tokens is at
-        most :data:`contllm.generation.MAX_NEW_TOKENS`.
+        Greedy by default; ``duration`` sets each new token's duration; ``sample=True``
+        draws with temperature, top_k, top_p and seed; stop, stop_at_eos end a row; probs
+        asks for each step's top-k or "full" distribution, activations for named
+        activations per step. max_new_tokens is at most :data:`contllm.generation.MAX_NEW_TOKENS`.
+        SignalError for an unknown option, naming the known ones.
         """
-        return generate(
-            self, signals, max_new_tokens, duration=duration, sample=sample, temperature=temperature, top_k=top_k,
-            top_p=top_p, seed=seed, stop=stop, stop_at_eos=stop_at_eos, probs=probs, activations=activations,
-        )
+        known = GENERATE_OPTIONS
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise SignalError(f"generate() got unknown option(s) {', '.join(unknown)}; options: {', '.join(known)}")
+        return generate(self, signals, max_new_tokens, **options)
 
 
 def wrap(model: Any, tokenizer: Any = None, info: Any = None) -> ContinuousLM:

@@ -178,6 +178,7 @@ def test_eos_and_stop_strings_end_a_row_and_stay_in_it() -> None:
         ({"probs": "some"}, r"probs must be None, 'full' or a number"),
         ({"stop": "x"}, r"stop strings need a tokenizer"),
         ({"activations": "blocks.9.hook_resid_post"}, r"activations must be activation names"),
+        ({"temprature": 2.0}, r"unknown option\(s\) temprature; options: duration, sample, temperature"),
     ],
 )
 def test_bad_arguments_raise_before_the_model_runs(options: dict, match: str) -> None:
