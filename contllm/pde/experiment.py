@@ -41,7 +41,8 @@ from contllm.families import attention_modules, head_counts
 from contllm.files import jsonable
 from contllm.pde.attention import pde_attention
 from contllm.pde.dynamics import SPACINGS, Dynamics
-from contllm.pde.figures import comparison_figure, figures as draw_figures
+from contllm.pde.figures import comparison_figure
+from contllm.pde.figures import figures as draw_figures
 from contllm.pde.hidden import causal_smoothing
 from contllm.pde.probes import AttentionRecorder, compare_fits, output_measures, perplexity
 from contllm.pde.result import CSV_COLUMNS, PROFILE_COLUMNS, PDEResult, check_record
