@@ -35,8 +35,9 @@ def item_view(record: dict[str, Any], knob: str) -> dict[str, Any] | None:
     """What the page shows of one record (a record's ``to_dict()``), or None for a record without a read-out.
 
     Returns id, x [S], labels [K], probs [S][K], truth, prompt, tokens (the prompt's
-    length in tokens), edited (token positions), edited_tokens (their text) and whether
-    the knob scales the edited tokens' durations.
+    length in tokens, where the record keeps its edited positions), span (the edited
+    word, highlighted in the prompt), edited (token positions), edited_tokens (their
+    text) and whether the knob scales the edited tokens' durations.
     """
     labels, x = record.get("labels"), record.get("x")
     if not isinstance(labels, list) or not isinstance(x, list):
@@ -61,7 +62,10 @@ def item_view(record: dict[str, Any], knob: str) -> dict[str, Any] | None:
         "probs": [[_finite(p) for p in row] for row in probs],
         "truth": None if truth is None else str(truth),
         "prompt": meta.get("prompt"),
-        "tokens": meta.get("tokens"),
+        # "tokens" is the prompt's length where the edited positions are kept (duration sweeps);
+        # elsewhere it may count the tokens of an edited span, which the strip cannot place.
+        "tokens": meta.get("tokens") if "edited" in meta else None,
+        "span": meta.get("span") or meta.get("word"),
         "edited": [int(i) for i in meta.get("edited", [])],
         "edited_tokens": [str(t) for t in meta.get("edited_tokens", [])],
         "scales": knob in DURATION_KNOBS or str(record.get("knob", "")) in DURATION_KNOBS,

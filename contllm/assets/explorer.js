@@ -103,7 +103,17 @@
   }
 
   function renderTokens(v, value) {
-    $("prompt").textContent = v.prompt || "";
+    const prompt = $("prompt");
+    prompt.textContent = "";
+    const text = v.prompt || "";
+    let at = 0;  // the edited word marked wherever it occurs
+    while (v.span && text.indexOf(v.span, at) >= 0) {
+      const hit = text.indexOf(v.span, at);
+      prompt.appendChild(document.createTextNode(text.slice(at, hit)));
+      prompt.appendChild(el("mark", {}, v.span));
+      at = hit + v.span.length;
+    }
+    prompt.appendChild(document.createTextNode(text.slice(at)));
     const strip = $("strip");
     strip.textContent = "";
     if (!v.tokens) { $("strip-note").textContent = "this record keeps no token positions"; return; }

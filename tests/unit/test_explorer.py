@@ -88,6 +88,9 @@ def test_tracks_and_sums_become_items_too() -> None:
     tracked = explorer_data([("run", TrackResult("scaling", "tiny", {}, [track]))])
     item = tracked["runs"][0]["items"][0]
     assert tracked["knob"] == "s" and item["labels"] == ["a", "b"] and item["probs"][2] == [0.1, 0.7] and item["scales"]
+    track.meta = {"prompt": "The capital of France is", "span": "France", "tokens": 1}  # a tokens run: the span's size
+    item = explorer_data([("run", TrackResult("tokens", "tiny", {}, [track]))])["runs"][0]["items"][0]
+    assert item["tokens"] is None and item["span"] == "France"
     steps = [[[0.9] + [0.0] * 9, None, [0.0, 1.0] + [0.0] * 8]]
     record = SumRecord("sum-1", x, DIGITS, steps, ["4", "", "1"], 4, 2, 2, {"prompt": "2+2="})
     summed = explorer_data([("run", SumsResult("sums", "tiny", {}, [record]))])
