@@ -137,3 +137,14 @@ def test_explore_sweeps_once_and_the_slider_shows_each_factor() -> None:
         contllm.explore(lm, signal, spans, factors=[-1.0])
     with pytest.raises(SignalError, match="explore takes a Signal"):
         contllm.explore(lm, "the cat", spans)
+
+
+def test_a_page_of_the_default_counting_runs_shape_stays_under_2_mb() -> None:
+    # 130 items x 10 duration factors x 10 digits, float32 probabilities and a few-shot prompt,
+    # as `contllm run counting` writes them (docs/explorer.md has the size of a real run).
+    result = sweep_result(130, 10)
+    for record in result.records:
+        record.probs = record.probs.astype(np.float32).astype(np.float64)
+        record.meta["prompt"] = '"cat cat cat cat" contains 4 words.\n' * 16
+        record.meta["tokens"] = 186
+    assert len(page(explorer_data([("smollm2-135m", result)])).encode()) < 2_000_000
