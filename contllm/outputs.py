@@ -146,7 +146,7 @@ def to_pandas(result: Any, table: str = "results", *, name: str | None = None) -
         raise ExperimentError(f"the {experiment.name} experiment has no table {table!r}; its tables: {', '.join(tables)}")
     columns, rows = tables[table]
     frame = pd.DataFrame(list(rows), columns=list(columns))
-    for column in frame.select_dtypes(include="object").columns:
+    for column in frame.columns:  # a column with empty cells and numbers otherwise is numeric
         cells = frame[column]
         filled = cells[cells != ""]
         if len(filled) < len(cells) and filled.map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)).all():
