@@ -279,8 +279,9 @@ def test_continuous_lm_names_what_it_takes(model: Any, match: str) -> None:
 
 
 def test_a_model_on_the_meta_device_is_refused_when_wrapped() -> None:
+    config = tiny_model("llama").config  # outside: tiny_model caches the model its first call builds
     with torch.device("meta"):
-        model = tf.LlamaForCausalLM(tiny_model("llama").config)
+        model = tf.LlamaForCausalLM(config)
     with pytest.raises(UnsupportedModelError, match="weights are on the meta device"):
         ContinuousLM(model)
 
