@@ -7,38 +7,7 @@ shapes in :mod:`contllm.data.paper`. This module only re-exports.
 
 from __future__ import annotations
 
-from contllm.data.items import (
-    COUNT_RANGE,
-    COUNTING_SCHEMA,
-    EVENT_KINDS,
-    EVENT_RANGE,
-    EVENTS_SCHEMA,
-    BooleanTable,
-    CountingItem,
-    EventItem,
-    builtin_path,
-    load_boolean,
-    load_counting,
-    load_events,
-    read_counting,
-    read_events,
-    select_items,
-)
+from contllm.data import items as _items
+from contllm.data.items import *  # noqa: F403  (the names of items.__all__)
 
-__all__ = [
-    "COUNT_RANGE",
-    "COUNTING_SCHEMA",
-    "EVENT_KINDS",
-    "EVENT_RANGE",
-    "EVENTS_SCHEMA",
-    "BooleanTable",
-    "CountingItem",
-    "EventItem",
-    "builtin_path",
-    "load_boolean",
-    "load_counting",
-    "load_events",
-    "read_counting",
-    "read_events",
-    "select_items",
-]
+__all__ = list(_items.__all__)

@@ -17,11 +17,22 @@ import numpy as np
 from contllm import metrics
 from contllm.data import BooleanTable, load_boolean
 from contllm.errors import ExperimentError
-from contllm.experiments.options import METHOD, Option
 from contllm.experiments.base import Metric
-from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepExperiment, SweepPlan, check_alpha_sweep
-from contllm.experiments.sweeps import PROTOCOL, ends_provenance, resolved_samples, sweep_options, sweep_values
+from contllm.experiments.options import METHOD, Option
 from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
+from contllm.experiments.sweeps import (
+    PROTOCOL,
+    ExperimentResult,
+    Sweep,
+    SweepExperiment,
+    SweepPlan,
+    check_alpha_sweep,
+    ends_provenance,
+    resolved_samples,
+    summary_start,
+    sweep_options,
+    sweep_values,
+)
 from contllm.interpolate import interpolate_spans
 from contllm.lm import ContinuousLM
 from contllm.readout import PAPER_TRUTH, containing, truth_values
@@ -164,10 +175,7 @@ class BooleanExperiment(SweepExperiment):
 
     def summary(self, result: ExperimentResult) -> dict[str, Any]:
         """Truth-table accuracy at alpha 0 and 1 (argmax of 0 vs 1); mean total variation and largest step of P(1)."""
-        sweeps = result.sweeps
-        if not sweeps:
-            raise ExperimentError("the result holds no sweeps")
-        out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(sweeps)}
+        sweeps, out = summary_start(result)
 
         def correct(s: Sweep, at: float, key: str) -> bool | None:
             if not np.isclose(s.x, at).any():

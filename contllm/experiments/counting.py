@@ -15,7 +15,15 @@ from contllm.data import COUNTING_SCHEMA, CountingItem, load_counting, read_coun
 from contllm.data.user import DataFileOption, data_option_help
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.sweeps import PROTOCOL, CountingSweepExperiment, DurationSweepConfig, SweepPlan, Sweep, scaled_plan, sweep_options
+from contllm.experiments.sweeps import (
+    PROTOCOL,
+    CountingSweepExperiment,
+    DurationSweepConfig,
+    Sweep,
+    SweepPlan,
+    scaled_plan,
+    sweep_options,
+)
 from contllm.lm import ContinuousLM
 
 #: Few-shot completions: fifteen short words, each repeated 2 to 6 times (every count three

@@ -23,8 +23,17 @@ from contllm.experiments.base import Metric
 from contllm.experiments.counting import QUESTION_TEMPLATE
 from contllm.experiments.options import METHOD, Option
 from contllm.experiments.prompts import check_template, render
-from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepExperiment, SweepPlan, check_alpha_sweep
-from contllm.experiments.sweeps import ends_provenance, sweep_options, sweep_values
+from contllm.experiments.sweeps import (
+    ExperimentResult,
+    Sweep,
+    SweepExperiment,
+    SweepPlan,
+    check_alpha_sweep,
+    ends_provenance,
+    summary_start,
+    sweep_options,
+    sweep_values,
+)
 from contllm.interpolate import interpolate_spans
 from contllm.readout import digits
 from contllm.signal import Signal
@@ -161,10 +170,7 @@ class CountingInterpolationExperiment(SweepExperiment):
 
     def summary(self, result: ExperimentResult) -> dict[str, Any]:
         """Accuracy at both ends, the implied count's rank correlation with alpha, the variation of the digit curves."""
-        sweeps = result.sweeps
-        if not sweeps:
-            raise ExperimentError("the result holds no sweeps")
-        out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(sweeps)}
+        sweeps, out = summary_start(result)
         for at, key, name in ((0.0, "count_first", "accuracy_at_alpha_0"), (1.0, "count_second", "accuracy_at_alpha_1")):
             marks = [s.labels[int(np.argmax(s.at(at)))] == str(s.meta[key]) for s in sweeps if np.isclose(s.x, at).any()]
             if len(marks) == len(sweeps):

@@ -15,7 +15,15 @@ from contllm.data.user import DataFileOption, data_option_help
 from contllm.errors import ExperimentError
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.sweeps import PROTOCOL, CountingSweepExperiment, DurationSweepConfig, SweepPlan, Sweep, scaled_plan, sweep_options
+from contllm.experiments.sweeps import (
+    PROTOCOL,
+    CountingSweepExperiment,
+    DurationSweepConfig,
+    Sweep,
+    SweepPlan,
+    scaled_plan,
+    sweep_options,
+)
 from contllm.lm import ContinuousLM
 
 #: Worked examples (two stories, two tutorials; 2, 5, 3 and 6 events) in the item's own

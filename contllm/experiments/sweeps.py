@@ -28,7 +28,7 @@ from contllm.signal import Signal
 MAX_SAMPLES = 10_000
 
 
-def sweep_values(low: float, high: float, samples: int, *, include: float | None = 1.0) -> np.ndarray:
+def sweep_values(low: float, high: float, samples: int | None, *, include: float | None = 1.0) -> np.ndarray:
     """``samples`` evenly spaced values from low to high, plus ``include`` when it lies inside.
 
     The plain prompt (factor 1, or alpha 0 and 1) is then always on the sweep.
@@ -82,7 +82,7 @@ def check_method(method: str) -> None:
         raise ExperimentError(f"method must be 'linear' or 'slerp', got {method!r}")
 
 
-def check_alpha_sweep(low: float, high: float, samples: int, method: str) -> None:
+def check_alpha_sweep(low: float, high: float, samples: int | None, method: str) -> None:
     """ExperimentError unless alphas from low to high (within 0..1) in ``samples`` values and ``method`` make a sweep."""
     if not (0.0 <= low <= high <= 1.0):
         raise ExperimentError(f"alpha range must lie within 0,1 with min <= max, got {low:g},{high:g}")
@@ -401,8 +401,7 @@ class CountingSweepExperiment(SweepExperiment):
 
     def summary(self, result: ExperimentResult) -> dict[str, Any]:
         """Accuracy of the argmax digit at factor 1, mean Spearman of E[k] with the factor, time-sensitivity AUCs."""
-        sweeps = _sweeps_of(result)
-        out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(sweeps)}
+        sweeps, out = summary_start(result)
         has_one = all(np.isclose(s.x, 1.0).any() for s in sweeps)
         if has_one:
             out["accuracy_at_1"] = float(np.mean([s.labels[int(np.argmax(s.at(1.0)))] == s.truth for s in sweeps]))
@@ -433,7 +432,8 @@ class CountingSweepExperiment(SweepExperiment):
         return figures.count_comparison([figures.Compared(label, r, self.summary(r)) for label, r in results])
 
 
-def _sweeps_of(result: ExperimentResult) -> list[Sweep]:
+def summary_start(result: ExperimentResult) -> tuple[list[Sweep], dict[str, Any]]:
+    """The sweeps of a result and the head every sweep summary starts with; ExperimentError when it holds none."""
     if not result.sweeps:
         raise ExperimentError("the result holds no sweeps")
-    return result.sweeps
+    return result.sweeps, {"experiment": result.experiment, "model": result.model, "items": len(result.sweeps)}

@@ -33,8 +33,8 @@ from contllm.errors import ExperimentError, SignalError
 from contllm.experiments.base import Metric
 from contllm.experiments.options import METHOD, Option
 from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
-from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepExperiment, SweepPlan, check_alpha_sweep
-from contllm.experiments.sweeps import PROTOCOL, ends_provenance, resolved_samples, sweep_options, sweep_values
+from contllm.experiments.sweeps import PROTOCOL, ExperimentResult, Sweep, SweepExperiment, SweepPlan, check_alpha_sweep
+from contllm.experiments.sweeps import ends_provenance, resolved_samples, summary_start, sweep_options, sweep_values
 from contllm.interpolate import interpolate_spans
 from contllm.readout import PAPER_YES_NO, TokenSets, containing
 from contllm.signal import Signal
@@ -485,10 +485,8 @@ class InterpolationExperiment(SweepExperiment):
 
     def summary(self, result: ExperimentResult) -> dict[str, Any]:
         """See :func:`summarize_sweeps`."""
-        if not result.sweeps:
-            raise ExperimentError("the result holds no sweeps")
-        return {"experiment": result.experiment, "model": result.model, "items": len(result.sweeps),
-                **summarize_sweeps(result.sweeps)}
+        sweeps, out = summary_start(result)
+        return {**out, **summarize_sweeps(sweeps)}
 
     def summary_figure(self, result: ExperimentResult) -> Any:
         return summary_figure(result)

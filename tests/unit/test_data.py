@@ -26,6 +26,7 @@ from contllm.data import (
 )
 from contllm.errors import ExperimentError
 
+
 @pytest.mark.unit
 def test_counting_size_and_categories() -> None:
     items = load_counting()
