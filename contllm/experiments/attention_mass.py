@@ -20,8 +20,8 @@ import numpy as np
 
 from contllm.activations import run_with_cache
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
-from contllm.experiments.inside import SweepInsideConfig, prompt_of, sweep_inside_options
+from contllm.experiments.base import Metric, Records, RunContext, Table
+from contllm.experiments.inside import SweepInsideConfig, SweepInsideExperiment, prompt_of, sweep_inside_options
 from contllm.families import decoder_layers
 
 #: Mass is clipped to [EPS, 1 - EPS] before its logit is taken.
@@ -83,7 +83,7 @@ def mass_item(lm: Any, item_id: str, prompt: Any, factors: np.ndarray) -> MassRe
                       prompt.truth, dict(prompt.meta))
 
 
-class AttentionMassExperiment(Experiment):
+class AttentionMassExperiment(SweepInsideExperiment):
     name = "attention-mass"
     help = "Per layer and head, the attention the read position pays to the scaled tokens as c varies, against log(c)."
     description = (
@@ -94,7 +94,7 @@ class AttentionMassExperiment(Experiment):
     )
     Config = SweepInsideConfig
     options = sweep_inside_options(2)
-    engine = shardable = True
+    figure = "attention_mass_figure"
     result_type = MassResult
     metrics = (
         Metric("median_slope", "higher", "median over heads of the slope of logit(mass) against log(c) (1: the bias alone)"),
@@ -102,8 +102,6 @@ class AttentionMassExperiment(Experiment):
         Metric("share_compensating", "lower", f"share of heads whose slope is below {COMPENSATES}"),
     )
 
-    def items(self, config: SweepInsideConfig) -> Sequence[Any]:
-        return config.counting_items()
 
     def run(self, lm: Any, config: SweepInsideConfig, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, MassRecord]]:
         for item in items:
@@ -131,20 +129,6 @@ class AttentionMassExperiment(Experiment):
                 "most_compensating_head": f"L{low // heads}H{low % heads}", "min_slope": float(flat[low]),
                 "most_amplifying_head": f"L{high // heads}H{high % heads}", "max_slope": float(flat[high]),
                 "median_slope_by_layer": [round(float(v), 4) for v in np.nanmedian(slopes, axis=1)]}
-
-    def report_columns(self, result: MassResult) -> dict[str, Any]:
-        return {"factor_min": result.config.get("low"), "factor_max": result.config.get("high"),
-                "samples": result.config.get("samples")}
-
-    def summary_figure(self, result: MassResult) -> Any:
-        from contllm.experiments.inside_figures import attention_mass_figure
-
-        return attention_mass_figure(result)
-
-    def item_figure(self, result: MassResult, record: MassRecord) -> Any:
-        from contllm.experiments.inside_figures import attention_mass_figure
-
-        return attention_mass_figure(result, [record])
 
 
 EXPERIMENT = AttentionMassExperiment()

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from contllm import registry
 from contllm.errors import ExperimentError
+from contllm.experiments.base import Experiment
 from contllm.experiments.options import Option
 from contllm.experiments.sweeps import sweep_values
 from contllm.signal import Signal
@@ -138,3 +139,37 @@ def check_factors(values: Sequence[float], what: str) -> list[float]:
     if not out or any(not np.isfinite(v) or v <= 0 for v in out):
         raise ExperimentError(f"{what} must be positive duration factors, got {values!r}")
     return out
+
+
+class InsideExperiment(Experiment):
+    """What patching, lens and attention-mass share as experiments: counting items and figures by name.
+
+    figure: the name of the function in :mod:`contllm.experiments.inside_figures` that draws
+    a result (every record) or one record.
+    """
+
+    engine: ClassVar[bool] = True
+    shardable: ClassVar[bool] = True
+    figure: ClassVar[str] = ""
+
+    def items(self, config: InsideConfig) -> Sequence[Any]:
+        return config.counting_items()
+
+    def summary_figure(self, result: Any) -> Any:
+        return self._draw(result, None)
+
+    def item_figure(self, result: Any, record: Any) -> Any:
+        return self._draw(result, [record])
+
+    def _draw(self, result: Any, records: Sequence[Any] | None) -> Any:
+        from contllm.experiments import inside_figures
+
+        return getattr(inside_figures, self.figure)(result, records)
+
+
+class SweepInsideExperiment(InsideExperiment):
+    """An experiment inside the model along a duration sweep (lens, attention-mass)."""
+
+    def report_columns(self, result: Any) -> dict[str, Any]:
+        return {"factor_min": result.config.get("low"), "factor_max": result.config.get("high"),
+                "samples": result.config.get("samples")}

@@ -21,8 +21,8 @@ from contllm import metrics
 from contllm.activations import run_with_cache
 from contllm.engine import evaluation
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
-from contllm.experiments.inside import SweepInsideConfig, digit_sets, implied_counts, prompt_of, sweep_inside_options
+from contllm.experiments.base import Metric, Records, RunContext, Table
+from contllm.experiments.inside import SweepInsideConfig, SweepInsideExperiment, digit_sets, implied_counts, prompt_of, sweep_inside_options
 from contllm.families import decoder_layers, final_norm
 
 
@@ -95,7 +95,7 @@ def lens_item(lm: Any, item_id: str, prompt: Any, factors: np.ndarray, evaluate:
                       dict(prompt.meta))
 
 
-class LensExperiment(Experiment):
+class LensExperiment(SweepInsideExperiment):
     name = "lens"
     help = "Logit lens of the count: E[k] and the top digit at every layer along a duration sweep."
     description = (
@@ -105,16 +105,14 @@ class LensExperiment(Experiment):
     )
     Config = SweepInsideConfig
     options = sweep_inside_options(2)
-    engine = shardable = True
+    figure = "lens_figure"
     result_type = LensResult
     metrics = (
         Metric("output_spearman", "higher", "Spearman correlation of the output E[k] with c, mean over items"),
-        Metric("first_following_layer", "lower", "first layer whose lens E[k] has a mean Spearman correlation with c of 0.8 or more"),
+        Metric("first_following_layer", "lower", "first layer whose lens E[k] follows c: mean Spearman correlation 0.8 or more, and a range over the sweep at least half the output's"),
         Metric("lens_max_dp", "lower", "largest probability difference between the last layer's lens and the model's output"),
     )
 
-    def items(self, config: SweepInsideConfig) -> Sequence[Any]:
-        return config.counting_items()
 
     def run(self, lm: Any, config: SweepInsideConfig, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, LensRecord]]:
         for item in items:
@@ -127,32 +125,23 @@ class LensExperiment(Experiment):
         return {"results": (["item", "layer", "factor", "implied_count", "top_digit"], rows)}
 
     def summary(self, result: LensResult) -> dict[str, Any]:
-        """Spearman of E[k] with c at the output and per layer; the first layer that follows c; the lens check."""
+        """Spearman of E[k] with c and its range over the sweep, at the output and per layer; the first layer that
+        follows c; the lens check."""
         if not result.items:
             raise ExperimentError("the result holds no items")
         rhos = np.array([r.spearman() for r in result.items])
+        spans = np.array([np.ptp(r.counts, axis=1) for r in result.items])
         with np.errstate(all="ignore"):
             mean = np.nanmean(rhos, axis=0)
-        following = np.flatnonzero(mean[:-1] >= 0.8)
+            span = np.nanmean(spans, axis=0)
+        # Rank order alone is noise where E[k] hardly moves: a following layer also moves half as far as the output.
+        following = np.flatnonzero((mean[:-1] >= 0.8) & (span[:-1] >= 0.5 * span[-1]))
         return {"experiment": result.experiment, "model": result.model, "items": len(result.items),
                 "output_spearman": float(mean[-1]),
                 "first_following_layer": int(following[0]) if len(following) else None,
                 "spearman_by_layer": [round(float(v), 4) for v in mean[:-1]],
+                "output_range": float(span[-1]), "range_by_layer": [round(float(v), 4) for v in span[:-1]],
                 "lens_max_dp": max(r.lens_max_dp for r in result.items)}
-
-    def report_columns(self, result: LensResult) -> dict[str, Any]:
-        return {"factor_min": result.config.get("low"), "factor_max": result.config.get("high"),
-                "samples": result.config.get("samples")}
-
-    def summary_figure(self, result: LensResult) -> Any:
-        from contllm.experiments.inside_figures import lens_figure
-
-        return lens_figure(result)
-
-    def item_figure(self, result: LensResult, record: LensRecord) -> Any:
-        from contllm.experiments.inside_figures import lens_figure
-
-        return lens_figure(result, [record])
 
 
 EXPERIMENT = LensExperiment()

@@ -30,8 +30,8 @@ import torch
 from contllm.activations import Patch, patch, recording
 from contllm.engine import evaluation
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
-from contllm.experiments.inside import InsideConfig, Prompt, digit_sets, implied_counts, inside_options, prompt_of
+from contllm.experiments.base import Metric, Records, RunContext, Table
+from contllm.experiments.inside import InsideConfig, InsideExperiment, Prompt, digit_sets, implied_counts, inside_options, prompt_of
 from contllm.experiments.options import Option
 from contllm.families import decoder_layers, head_counts
 from contllm.prefix import SharedPrefix, slice_signal
@@ -195,7 +195,7 @@ def patch_item(lm: Any, item_id: str, prompt: Prompt, factor: float, *, heads: b
     )
 
 
-class PatchingExperiment(Experiment):
+class PatchingExperiment(InsideExperiment):
     name = "patching"
     help = "Activation patching between a word at duration c and at 1: which layer, position and head carry the count."
     description = (
@@ -211,7 +211,7 @@ class PatchingExperiment(Experiment):
         Option("heads", "bool", "Also patch each attention head's output.", flag="--heads/--no-heads"),
         *inside_options(2),
     )
-    engine = shardable = True
+    figure = "patching_figure"
     result_type = PatchingResult
     metrics = (
         Metric("self_patch_max_dp", "lower", "largest probability change from patching a run with its own activations (0 expected)"),
@@ -221,8 +221,6 @@ class PatchingExperiment(Experiment):
         Metric("max_head_share", "higher", "largest restored share of a single attention head (mean over items)"),
     )
 
-    def items(self, config: PatchingConfig) -> Sequence[Any]:
-        return config.counting_items()
 
     def run(self, lm: Any, config: PatchingConfig, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, PatchRecord]]:
         for item in items:
@@ -262,16 +260,6 @@ class PatchingExperiment(Experiment):
 
     def report_columns(self, result: PatchingResult) -> dict[str, Any]:
         return {"factor": result.config.get("factor"), "heads": result.config.get("heads")}
-
-    def summary_figure(self, result: PatchingResult) -> Any:
-        from contllm.experiments.inside_figures import patching_figure
-
-        return patching_figure(result)
-
-    def item_figure(self, result: PatchingResult, record: PatchRecord) -> Any:
-        from contllm.experiments.inside_figures import patching_figure
-
-        return patching_figure(result, [record])
 
 
 EXPERIMENT = PatchingExperiment()

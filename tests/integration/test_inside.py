@@ -41,3 +41,38 @@ def test_a_continuous_input_inside_an_nnsight_trace_gives_contllms_activations_a
     # The scaled words moved the count: the two rows differ where it is read.
     assert float((logits[0, -1] - logits[1, -1]).abs().max()) > 0.1
     assert float((logits[:, -1] - smollm.logits(signals)).abs().max()) <= 1e-4
+
+
+def test_patching_lens_and_attention_mass_run_resume_and_report(smollm: ContinuousLM, tmp_path) -> None:
+    import json
+
+    from contllm.report import write_report
+    from contllm.runner import run
+
+    settings = {
+        "patching": {"heads": False},
+        "lens": {"samples": "3"},
+        "attention-mass": {"samples": "3"},
+    }
+    summaries = {}
+    for name, options in settings.items():
+        out = tmp_path / name
+        run(name, options=options, lm=smollm, model="smollm2-135m", items="2", out=out, item_figures=False)
+        first = (out / "results.json").read_text()
+        # Resumed with every record there: nothing is recomputed and the results are the same.
+        run(name, options=options, lm=smollm, model="smollm2-135m", items="2", out=out, item_figures=False,
+            resume=True)
+        assert (out / "results.json").read_text() == first
+        assert (out / "figures" / "summary.png").stat().st_size > 1000
+        summaries[name] = json.loads((out / "summary.json").read_text())
+        assert summaries[name]["items"] == 2
+        paths = write_report([out], tmp_path / f"report-{name}")
+        assert any(p.name == "summary.md" for p in paths)
+    patching = summaries["patching"]
+    # Acceptance: a run patched with its own activations is unchanged, and the c = 1 run's last-layer
+    # residual at every position gives the c = 1 output, both exactly.
+    assert patching["self_patch_max_dp"] == 0.0 and patching["last_layer_max_dp"] == 0.0
+    assert patching["mean_change"] > 0.1  # shrinking the word lowers the implied count
+    assert summaries["lens"]["lens_max_dp"] <= 1e-4  # the last layer's lens is the model's output
+    assert summaries["lens"]["output_spearman"] > 0.5
+    assert 0.0 <= summaries["attention-mass"]["share_following"] <= 1.0
