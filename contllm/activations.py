@@ -63,7 +63,14 @@ __all__ = [
 ]
 
 #: The per-layer points, ``blocks.{i}.`` + one of these.
-BLOCK_POINTS = ("hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out", "attn.hook_pattern", "attn.hook_z")
+BLOCK_POINTS = (
+    "hook_resid_pre",
+    "hook_resid_post",
+    "hook_attn_out",
+    "hook_mlp_out",
+    "attn.hook_pattern",
+    "attn.hook_z",
+)
 #: The point after the last layer.
 FINAL_POINT = "ln_final.hook_normalized"
 #: The one point that is read but not patched (it lives inside the attention function).
@@ -245,7 +252,8 @@ def recording(
                 "patterns need the eager attention"
             )
         stored[name] = [
-            weights[b][:, columns[b].to(weights.device), starts[b]:].detach().float().cpu() for b in range(len(signals))
+            weights[b][:, columns[b].to(weights.device), starts[b] :].detach().float().cpu()
+            for b in range(len(signals))
         ]
 
     found: dict[str, list[torch.Tensor]] = {}
@@ -414,6 +422,7 @@ def _editor(
     name: str, mode: str, columns: list[torch.Tensor], values: list[torch.Tensor], shape: tuple[int, int]
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """A function of the hidden states [batch, width, ...] that writes ``values`` at ``columns`` of each row."""
+
     def edit(h: torch.Tensor) -> torch.Tensor:
         if tuple(h.shape[:2]) != shape:
             raise SignalError(

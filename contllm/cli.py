@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 import click
 import typer
@@ -37,7 +37,7 @@ MAX_ERROR = 400
 
 def _fail(message: str, code: int = 2, exit_with: Exit = click.exceptions.Exit) -> NoReturn:
     if len(message) > MAX_ERROR:  # a value typed at great length is quoted, not echoed whole
-        message = f"{message[:MAX_ERROR - 40]}... ({len(message)} characters)"
+        message = f"{message[: MAX_ERROR - 40]}... ({len(message)} characters)"
     click.echo(f"error: {message}", err=True)
     raise exit_with(code)
 
@@ -64,11 +64,15 @@ def _showing_news() -> bool:
 class _OneLineCommand(click.Command):
     """A command whose usage errors (unknown option, bad value) are one line and exit status 2."""
 
-    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any) -> click.Context:
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.NoSuchOption as exc:
-            _fail(f"option(s) {exc.option_name} do not apply to the {self.name} experiment; see 'contllm run {self.name} --help'")
+            _fail(
+                f"option(s) {exc.option_name} do not apply to the {self.name} experiment; see 'contllm run {self.name} --help'"
+            )
         except click.UsageError as exc:
             _fail(exc.format_message().replace("\n", " "))
 
@@ -76,40 +80,96 @@ class _OneLineCommand(click.Command):
 def run_options(default_model: str, aliases: Sequence[str]) -> tuple[tuple[tuple[str, ...], dict[str, Any]], ...]:
     """Options every experiment takes: (parameter declarations, click keyword arguments)."""
     return (
-        (("--model", "-m"), {"default": default_model, "show_default": True, "metavar": "NAME",
-                             "help": f"Embedded alias ({', '.join(aliases)}), Hugging Face id or local directory."}),
+        (
+            ("--model", "-m"),
+            {
+                "default": default_model,
+                "show_default": True,
+                "metavar": "NAME",
+                "help": f"Embedded alias ({', '.join(aliases)}), Hugging Face id or local directory.",
+            },
+        ),
     ) + RUN_OPTIONS
 
 
 #: Options every experiment takes besides --model.
 RUN_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
-    (("--device",), {"default": "auto", "show_default": True, "metavar": "DEVICE",
-                     "help": "auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."}),
-    (("--dtype",), {"default": None, "metavar": "[float32|bfloat16|float16]",
-                    "help": "Precision of the model's weights and activations. [default: float32]"}),
-    (("--items",), {"default": None, "metavar": "N|ID,...",
-                    "help": "The first N items, or a comma-separated list of item ids. [default: all]"}),
-    (("--out", "-o"), {"default": None, "type": click.Path(),  # kept as typed: '' is refused, not taken as "."
-                       "help": "Run directory. [default: runs/<experiment>-<model>-<time>]"}),
+    (
+        ("--device",),
+        {
+            "default": "auto",
+            "show_default": True,
+            "metavar": "DEVICE",
+            "help": "auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ...",
+        },
+    ),
+    (
+        ("--dtype",),
+        {
+            "default": None,
+            "metavar": "[float32|bfloat16|float16]",
+            "help": "Precision of the model's weights and activations. [default: float32]",
+        },
+    ),
+    (
+        ("--items",),
+        {
+            "default": None,
+            "metavar": "N|ID,...",
+            "help": "The first N items, or a comma-separated list of item ids. [default: all]",
+        },
+    ),
+    (
+        ("--out", "-o"),
+        {
+            "default": None,
+            "type": click.Path(),  # kept as typed: '' is refused, not taken as "."
+            "help": "Run directory. [default: runs/<experiment>-<model>-<time>]",
+        },
+    ),
     (("--resume",), {"is_flag": True, "help": "Continue the run in --out, skipping finished items."}),
     (("--force",), {"is_flag": True, "help": "Replace the run in --out."}),
-    (("--seed",), {"default": 0, "type": click.INT, "show_default": True, "help": "Random seed (recorded in config.json)."}),
-    (("--item-figures/--no-item-figures",), {"default": True, "show_default": True, "help": "Also draw one figure per item."}),
+    (
+        ("--seed",),
+        {"default": 0, "type": click.INT, "show_default": True, "help": "Random seed (recorded in config.json)."},
+    ),
+    (
+        ("--item-figures/--no-item-figures",),
+        {"default": True, "show_default": True, "help": "Also draw one figure per item."},
+    ),
 )
 #: Options of the experiments that evaluate through the batched engine.
 ENGINE_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
-    (("--max-batch-tokens",), {"default": None, "type": click.INT,
-                               "help": "Most tokens computed in one forward (rows x padded length after a shared prefix): the memory budget. [default: automatic]"}),
-    (("--device-map",), {"default": None,
-                         "help": "auto: spread a model too large for one device over the GPUs (accelerate); --device is then unused."}),
+    (
+        ("--max-batch-tokens",),
+        {
+            "default": None,
+            "type": click.INT,
+            "help": "Most tokens computed in one forward (rows x padded length after a shared prefix): the memory budget. [default: automatic]",
+        },
+    ),
+    (
+        ("--device-map",),
+        {
+            "default": None,
+            "help": "auto: spread a model too large for one device over the GPUs (accelerate); --device is then unused.",
+        },
+    ),
 )
 
 
 #: What --help shows for each kind of experiment option; the values are read by the
 #: experiment's declaration (contllm.experiments.options), so that the command line,
 #: spec files and Python read them alike.
-METAVARS = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "ints": "INTEGER,...", "floats": "FLOAT,...",
-            "words": "TEXT,...", "range": "MIN,MAX"}
+METAVARS = {
+    "int": "INTEGER",
+    "float": "FLOAT",
+    "str": "TEXT",
+    "ints": "INTEGER,...",
+    "floats": "FLOAT,...",
+    "words": "TEXT,...",
+    "range": "MIN,MAX",
+}
 
 
 def _metavar(option: Option) -> str:
@@ -139,8 +199,11 @@ def experiment_command(name: str, *, indexed: bool = False) -> click.Command:
             flag = option.flag or f"--{option.name.replace('_', '-')}/--no-{option.name.replace('_', '-')}"
             params.append(click.Option([flag, option.name], default=None, help=option.help))
         else:
-            params.append(click.Option([option.cli_flag, option.name], default=None, type=str,
-                                       metavar=_metavar(option), help=option.help))
+            params.append(
+                click.Option(
+                    [option.cli_flag, option.name], default=None, type=str, metavar=_metavar(option), help=option.help
+                )
+            )
     run_keys = {p.name for p in params} - {o.name for o in experiment.options}
 
     def callback(**values: Any) -> None:
@@ -178,13 +241,33 @@ def _metrics_help(experiment: Any) -> str:
 def spec_command(path: str) -> click.Command:
     """``contllm run SPEC.toml``: every (model, experiment) of a spec file."""
 
-    def callback(out: Path | None, resume: bool, force: bool, device: str | None, dtype: str | None,
-                 model: str | None, items: str | None, samples: str | None) -> None:
+    def callback(
+        out: Path | None,
+        resume: bool,
+        force: bool,
+        device: str | None,
+        dtype: str | None,
+        model: str | None,
+        items: str | None,
+        samples: str | None,
+    ) -> None:
         from contllm.spec import run_spec
 
         say = logs.note if _showing_news() else None  # no say: no progress bars either
-        written = _guarded(lambda: run_spec(Path(path), out=out, resume=resume, force=force, device=device, dtype=dtype, say=say,
-                                            model=model, items=items, samples=samples))
+        written = _guarded(
+            lambda: run_spec(
+                Path(path),
+                out=out,
+                resume=resume,
+                force=force,
+                device=device,
+                dtype=dtype,
+                say=say,
+                model=model,
+                items=items,
+                samples=samples,
+            )
+        )
         if _is_main_process():
             for run_dir in written:
                 click.echo(str(run_dir))
@@ -192,15 +275,23 @@ def spec_command(path: str) -> click.Command:
     return _OneLineCommand(
         path,
         params=[
-            click.Option(["--out", "-o"], type=click.Path(), default=None,
-                         help="Root of the run directories. [default: the spec's out]"),
+            click.Option(
+                ["--out", "-o"],
+                type=click.Path(),
+                default=None,
+                help="Root of the run directories. [default: the spec's out]",
+            ),
             click.Option(["--resume"], is_flag=True, help="Continue every run of the spec."),
             click.Option(["--force"], is_flag=True, help="Replace every run of the spec."),
             click.Option(["--device"], default=None, help="Overrides the spec's device."),
             click.Option(["--dtype"], default=None, help="Overrides the spec's dtype."),
-            click.Option(["--model", "-m"], default=None, help="Runs every experiment on this model instead of the spec's."),
+            click.Option(
+                ["--model", "-m"], default=None, help="Runs every experiment on this model instead of the spec's."
+            ),
             click.Option(["--items"], default=None, help="Overrides every experiment's items (N or id1,id2)."),
-            click.Option(["--samples"], default=None, help="Overrides the samples of every experiment that takes them."),
+            click.Option(
+                ["--samples"], default=None, help="Overrides the samples of every experiment that takes them."
+            ),
         ],
         callback=callback,
         help="Run every (model, experiment) of a spec file.",
@@ -230,7 +321,9 @@ class RunGroup(click.Group):
             return spec_command(cmd_name)
         return None
 
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
         command = self.get_command(ctx, args[0], helping="--help" in args[1:])
         if command is None:
             _fail(f"unknown experiment {args[0]!r}; known experiments: {', '.join(registry.names())} (or a .toml spec)")
@@ -297,12 +390,16 @@ HELP = {"help_option_names": ["--help"]}
 
 @app.callback()
 def _toolkit(
-    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                 help="Print contllm's version and exit."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Warnings and errors only on stderr: no news, no progress bars."),
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print contllm's version and exit."
+    ),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="Warnings and errors only on stderr: no news, no progress bars."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Details too (DEBUG on the contllm logger)."),
-    _help: bool = typer.Option(False, "--help", callback=_print_help, is_eager=True, expose_value=False,
-                               help="Show this message and exit."),
+    _help: bool = typer.Option(
+        False, "--help", callback=_print_help, is_eager=True, expose_value=False, help="Show this message and exit."
+    ),
 ) -> None:
     """Probe the implicit continuity of pretrained language models."""
     if quiet and verbose:
@@ -336,7 +433,9 @@ def generate(ctx: typer.Context) -> None:
 
 @app.command(context_settings=HELP)
 def models(
-    cache_dir: Optional[Path] = typer.Option(None, help="Cache of converted models. [default: $CONTLLM_CACHE or ~/.cache/contllm]"),
+    cache_dir: Path | None = typer.Option(
+        None, help="Cache of converted models. [default: $CONTLLM_CACHE or ~/.cache/contllm]"
+    ),
 ) -> None:
     """List the embedded model aliases: family, size, whether installed and converted."""
     from contllm.models import format_listings, list_models
@@ -347,8 +446,12 @@ def models(
 
 @app.command(context_settings=HELP)
 def report(
-    run_dirs: list[Path] = typer.Argument(..., metavar="RUN_DIR...", help="Run directories of one experiment to summarise and compare."),
-    out: Path = typer.Option(..., "--out", "-o", help="Directory for summary.md, summary.csv and the comparison figure."),
+    run_dirs: list[Path] = typer.Argument(
+        ..., metavar="RUN_DIR...", help="Run directories of one experiment to summarise and compare."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Directory for summary.md, summary.csv and the comparison figure."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace the report's files in --out."),
 ) -> None:
     """Summarise runs of any experiment (Markdown and CSV) and draw a figure comparing them."""

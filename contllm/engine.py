@@ -330,7 +330,9 @@ def default_batch_tokens(lm: EvaluatedModel) -> int:
     head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
     intermediate = int(getattr(config, "intermediate_size", None) or 4 * hidden)
     element = torch.finfo(lm.dtype).bits // 8
-    per_token = element * (2 * layers * kv_heads * head_dim + 8 * hidden + 4 * intermediate) + 4 * heads * _ASSUMED_KEY_WIDTH
+    per_token = (
+        element * (2 * layers * kv_heads * head_dim + 8 * hidden + 4 * intermediate) + 4 * heads * _ASSUMED_KEY_WIDTH
+    )
     free, _ = torch.cuda.mem_get_info(device)
     return int(min(max(_ACCELERATOR_MEMORY_SHARE * free / per_token, 1024), 1 << 20))
 
@@ -479,7 +481,8 @@ def _recorder(hook: Callable[..., Any]) -> bool:
     asks for, so they read nothing and change nothing here.
     """
     return str(getattr(hook, "__module__", "")).startswith("transformers.") and "captur" in str(
-        getattr(hook, "__qualname__", ""))
+        getattr(hook, "__qualname__", "")
+    )
 
 
 def _prefix_safe(lm: EvaluatedModel) -> bool:
@@ -492,7 +495,9 @@ def _prefix_safe(lm: EvaluatedModel) -> bool:
     """
     model = lm.model
     modules = [*decoder_layers(model), final_norm(model)]
-    if any(not _recorder(hook) for m in modules for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())):
+    if any(
+        not _recorder(hook) for m in modules for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())
+    ):
         return False
     own = {getattr(lm, "attn_implementation", None), precision.IMPLEMENTATION}
     return getattr(model.config, "_attn_implementation", None) in own
@@ -504,5 +509,7 @@ def _pick(probs: torch.Tensor, wanted: torch.Tensor | None) -> torch.Tensor:
         return probs
     vocab = probs.shape[-1]
     if wanted.numel() and (int(wanted.min()) < 0 or int(wanted.max()) >= vocab):
-        raise SignalError(f"token_ids must lie in [0, {vocab}); got values from {int(wanted.min())} to {int(wanted.max())}")
+        raise SignalError(
+            f"token_ids must lie in [0, {vocab}); got values from {int(wanted.min())} to {int(wanted.max())}"
+        )
     return probs[..., wanted.long()]

@@ -169,8 +169,9 @@ def _check_generation_options(options: dict[str, Any]) -> None:
 def run(req: Request) -> tuple[Any, Any]:
     """Load the model, apply the edits and generate; returns (generation, tokenizer)."""
     import contllm
+    from contllm.models import DEFAULT_MODEL
 
-    lm = contllm.load(req.model, device=req.device, dtype=req.dtype)
+    lm = contllm.load(req.model or DEFAULT_MODEL, device=req.device, dtype=req.dtype)
     signal = lm.signal(req.prompt)
     for edit in req.edits:
         signal = signal.scale(edit.spans(signal), edit.factor)

@@ -140,8 +140,10 @@ def half_sections(choice: str, dtype: torch.dtype = torch.bfloat16) -> tuple[boo
     if pays:
         return True, None
     name = str(dtype).removeprefix("torch.")
-    return False, (f"{name} sections skipped: {name} matmuls run at {speedup:.2f}x the float32 speed on this CPU "
-                   f"(below {HALF_WORTH_IT}x); --bf16 on runs them anyway")
+    return False, (
+        f"{name} sections skipped: {name} matmuls run at {speedup:.2f}x the float32 speed on this CPU "
+        f"(below {HALF_WORTH_IT}x); --bf16 on runs them anyway"
+    )
 
 
 def half_precision_note(dtype: torch.dtype) -> str | None:

@@ -88,8 +88,9 @@ def forward_kwargs(lm: Any, signals: Signal | Sequence[Signal]) -> ForwardInputs
         embeds = lm._inputs_embeds(batch)
     # Eager adds the mask in float32; sdpa wants it in the query's dtype.
     mask_dtype = torch.float32 if lm.attn_implementation == "eager" else lm.dtype
-    mask = model_masks(lm.family, lm.model.config, batch.times, batch.times, batch.durations,
-                       dtype=mask_dtype, device=lm.device)
+    mask = model_masks(
+        lm.family, lm.model.config, batch.times, batch.times, batch.durations, dtype=mask_dtype, device=lm.device
+    )
     kwargs = {
         "inputs_embeds": embeds,
         "attention_mask": mask,

@@ -127,7 +127,5 @@ def interpolate_spans(
     durations_t = torch.cat(
         [a.durations[: ia[0]], torch.tensor(durations, dtype=torch.float64), a.durations[ia[-1] + 1 :]]
     )
-    times_t = torch.cat(
-        [times_a[: ia[0]], torch.tensor(times, dtype=torch.float64), times_a[ia[-1] + 1 :] + shift]
-    )
+    times_t = torch.cat([times_a[: ia[0]], torch.tensor(times, dtype=torch.float64), times_a[ia[-1] + 1 :] + shift])
     return Signal.from_embeds(embeds_t, durations_t, times=times_t)

@@ -35,7 +35,11 @@ def _check_model(model: Any) -> None:
         raise UnsupportedModelError(
             f"ContinuousLM takes a loaded model, got the name {str(model)[:80]!r}; load one with contllm.load({str(model)[:80]!r})"
         )
-    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config") or not hasattr(model, "get_input_embeddings"):
+    if (
+        not isinstance(model, torch.nn.Module)
+        or not hasattr(model, "config")
+        or not hasattr(model, "get_input_embeddings")
+    ):
         raise UnsupportedModelError(
             f"ContinuousLM takes a transformers causal LM (a torch module with a config), got {type(model).__name__}; "
             "load one with contllm.load(...) or AutoModelForCausalLM.from_pretrained(...)"
@@ -228,8 +232,9 @@ class ContinuousLM:
         out = Engine(self, max_batch_tokens=budget).logits(items, positions=positions)
         return out[0] if single else out
 
-    def probs(self, signals: Signal | Sequence[Signal], *, positions: Positions = "last",
-              batch_size: int | None = None) -> torch.Tensor | list[torch.Tensor]:
+    def probs(
+        self, signals: Signal | Sequence[Signal], *, positions: Positions = "last", batch_size: int | None = None
+    ) -> torch.Tensor | list[torch.Tensor]:
         """Next-token distributions (softmax of :meth:`logits`, float32), same shapes."""
         out = self.logits(signals, positions=positions, batch_size=batch_size)
         if isinstance(out, list):
@@ -292,7 +297,9 @@ def wrap(model: Any, tokenizer: Any = None, info: Any = None) -> ContinuousLM:
     supported families or attention implementations.
     """
     if not isinstance(model, torch.nn.Module):
-        raise UnsupportedModelError(f"wrap() needs a transformers model (a torch.nn.Module), got {type(model).__name__}")
+        raise UnsupportedModelError(
+            f"wrap() needs a transformers model (a torch.nn.Module), got {type(model).__name__}"
+        )
     lm = ContinuousLM(model, tokenizer, info)
     model.eval()
     return lm

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -93,15 +93,12 @@ def _floats(values: Any, name: str, ndim: int | tuple[int, ...]) -> np.ndarray:
 def _increasing(values: Any, name: str, min_len: int = 1) -> np.ndarray:
     array = _floats(values, name, 1)
     if array.shape[0] < min_len:
-        raise ExperimentError(
-            f"{name} needs at least {min_len} samples, got {array.shape[0]}"
-        )
+        raise ExperimentError(f"{name} needs at least {min_len} samples, got {array.shape[0]}")
     steps = np.diff(array)
     if (steps <= 0).any():
         at = int(np.argmax(steps <= 0))
         raise ExperimentError(
-            f"{name} must be strictly increasing; {name}[{at}] = {array[at]:g} is followed "
-            f"by {array[at + 1]:g}"
+            f"{name} must be strictly increasing; {name}[{at}] = {array[at]:g} is followed by {array[at + 1]:g}"
         )
     return array
 
@@ -120,8 +117,7 @@ def _probs(values: Any, name: str = "probs") -> np.ndarray:
     array = _floats(values, name, 2)
     if (array < -_PROB_SLACK).any() or (array > 1 + _PROB_SLACK).any():
         raise ExperimentError(
-            f"{name} must be probabilities in [0, 1]; found values from {array.min():g} "
-            f"to {array.max():g}"
+            f"{name} must be probabilities in [0, 1]; found values from {array.min():g} to {array.max():g}"
         )
     return np.clip(array, 0.0, 1.0)
 
@@ -149,9 +145,7 @@ def _threshold(h: Any) -> float:
 def _thresholds(values: Any) -> np.ndarray:
     array = _floats(values, "thresholds", 1)
     if (array < 0).any() or (array > 1).any():
-        raise ExperimentError(
-            f"thresholds must lie in [0, 1]; got values from {array.min():g} to {array.max():g}"
-        )
+        raise ExperimentError(f"thresholds must lie in [0, 1]; got values from {array.min():g} to {array.max():g}")
     return array
 
 
@@ -161,13 +155,9 @@ def _curve(values: Any, name: str, length: int | None = None) -> np.ndarray:
     if array.ndim == 1:
         array = array[:, None]
     if array.shape[0] < 2:
-        raise ExperimentError(
-            f"{name} needs at least 2 samples to be a curve, got {array.shape[0]}"
-        )
+        raise ExperimentError(f"{name} needs at least 2 samples to be a curve, got {array.shape[0]}")
     if length is not None and array.shape[0] != length:
-        raise ExperimentError(
-            f"{name} has {array.shape[0]} samples but x has {length}; they must match"
-        )
+        raise ExperimentError(f"{name} has {array.shape[0]} samples but x has {length}; they must match")
     return array
 
 
@@ -211,7 +201,7 @@ class CountCurve:
 
 
 #: An item: a :class:`CountCurve` or a tuple (factors, probs, labels, n).
-Item = Union[CountCurve, tuple[Any, Any, Any, int]]
+Item = CountCurve | tuple[Any, Any, Any, int]
 
 
 def _items(items: Iterable[Item]) -> list[CountCurve]:
@@ -223,9 +213,7 @@ def _items(items: Iterable[Item]) -> list[CountCurve]:
         try:
             factors, probs, labels, n = item
         except (TypeError, ValueError) as exc:
-            raise ExperimentError(
-                f"item {index} must be a CountCurve or a tuple (factors, probs, labels, n)"
-            ) from exc
+            raise ExperimentError(f"item {index} must be a CountCurve or a tuple (factors, probs, labels, n)") from exc
         try:
             curves.append(CountCurve(factors, probs, labels, n))
         except ExperimentError as exc:
@@ -249,9 +237,7 @@ def found_counts(factors: Any, probs: Any, labels: Any, threshold: float) -> fro
     return _found(curve.probs.max(axis=0), curve.labels, _threshold(threshold))
 
 
-def _sensitivity(
-    curves: list[CountCurve], thresholds: np.ndarray, rows: list[np.ndarray]
-) -> np.ndarray:
+def _sensitivity(curves: list[CountCurve], thresholds: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
     """Mean over items of the share of {1..n} found in ``rows`` (each item's [S', K] probs)."""
     shares = np.empty((len(curves), thresholds.shape[0]))
     for i, (curve, probs) in enumerate(zip(curves, rows)):
@@ -308,13 +294,9 @@ def area_under_curve(thresholds: Any, values: Any) -> float:
     h = _increasing(_thresholds(thresholds), "thresholds", min_len=2)
     y = _floats(values, "values", 1)
     if y.shape != h.shape:
-        raise ExperimentError(
-            f"values has {y.shape[0]} entries but thresholds has {h.shape[0]}; they must match"
-        )
+        raise ExperimentError(f"values has {y.shape[0]} entries but thresholds has {h.shape[0]}; they must match")
     if h[0] != 0.0 or h[-1] != 1.0:
-        raise ExperimentError(
-            f"thresholds must span [0, 1] exactly; they run from {h[0]:g} to {h[-1]:g}"
-        )
+        raise ExperimentError(f"thresholds must span [0, 1] exactly; they run from {h[0]:g} to {h[-1]:g}")
     return float(np.sum(np.diff(h) * (y[1:] + y[:-1]) / 2.0))
 
 
@@ -397,15 +379,11 @@ def implied_count(probs: Any, labels: Any) -> np.ndarray:
     p = _probs(probs)
     k = _labels(labels)
     if p.shape[1] != k.shape[0]:
-        raise ExperimentError(
-            f"probs has {p.shape[1]} columns but labels has {k.shape[0]} entries; they must match"
-        )
+        raise ExperimentError(f"probs has {p.shape[1]} columns but labels has {k.shape[0]} entries; they must match")
     mass = p.sum(axis=1)
     if (mass <= 0).any():
         bad = np.flatnonzero(mass <= 0).tolist()
-        raise ExperimentError(
-            f"probs puts no mass on any label at samples {bad[:10]}; E[k] is undefined there"
-        )
+        raise ExperimentError(f"probs puts no mass on any label at samples {bad[:10]}; E[k] is undefined there")
     return (p @ k.astype(np.float64)) / mass
 
 
@@ -488,9 +466,7 @@ def count_calibration(factors: Any, implied: Any, n: int) -> CountCalibration:
     c = _increasing(factors, "factors", min_len=2)
     expected = _floats(implied, "implied", 1)
     if expected.shape != c.shape:
-        raise ExperimentError(
-            f"implied has {expected.shape[0]} samples but factors has {c.shape[0]}; they must match"
-        )
+        raise ExperimentError(f"implied has {expected.shape[0]} samples but factors has {c.shape[0]}; they must match")
     target = _count(n) * c
     return CountCalibration(
         mae=float(np.mean(np.abs(expected - target))),

@@ -104,8 +104,15 @@ WRITERS: dict[str, Writer] = {
 DRAWN = ("figures", "documents")
 
 
-def save(result: Any, directory: str | Path, *, figures: bool = True, item_figures: bool = True,
-         name: str | None = None, formats: Sequence[str] | None = None) -> dict[str, Any]:
+def save(
+    result: Any,
+    directory: str | Path,
+    *,
+    figures: bool = True,
+    item_figures: bool = True,
+    name: str | None = None,
+    formats: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Write ``result`` into ``directory`` in every format of :data:`WRITERS` (or those in ``formats``); returns the summary.
 
     figures: False leaves out the formats in :data:`DRAWN`. item_figures: also one figure
@@ -143,13 +150,18 @@ def to_pandas(result: Any, table: str = "results", *, name: str | None = None) -
     experiment = registry.get(name or _experiment_name(result))
     tables = result_tables(experiment, result)
     if table not in tables:
-        raise ExperimentError(f"the {experiment.name} experiment has no table {table!r}; its tables: {', '.join(tables)}")
+        raise ExperimentError(
+            f"the {experiment.name} experiment has no table {table!r}; its tables: {', '.join(tables)}"
+        )
     columns, rows = tables[table]
     frame = pd.DataFrame(list(rows), columns=list(columns))
     for column in frame.columns:  # a column with empty cells and numbers otherwise is numeric
         cells = frame[column]
         filled = cells[cells != ""]
-        if len(filled) < len(cells) and filled.map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)).all():
+        if (
+            len(filled) < len(cells)
+            and filled.map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)).all()
+        ):
             frame[column] = pd.to_numeric(cells.where(cells != ""), errors="raise")
     return frame
 

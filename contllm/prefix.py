@@ -127,7 +127,9 @@ def shared_prefix_attention(
     if contllm_prefix is None:
         raise UnsupportedModelError(f"{IMPLEMENTATION} attention called without contllm_prefix")
     if dropout or any(kwargs.get(name) is not None for name in ("head_mask", "s_aux", "position_bias")):
-        raise UnsupportedModelError(f"{type(module).__name__}: the shared-prefix attention takes no dropout, head mask or sinks")
+        raise UnsupportedModelError(
+            f"{type(module).__name__}: the shared-prefix attention takes no dropout, head mask or sinks"
+        )
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 4:
         raise UnsupportedModelError("the shared-prefix attention needs the 4D continuous-time mask")
     prefix_keys, prefix_values = contllm_prefix.layers[module]

@@ -34,7 +34,6 @@ REQUIRED = (CONFIG, MANIFEST, RESULTS)
 REPORT_FILES = ("summary.md", "summary.csv", "comparison.png", "comparison.pdf", "explorer.html")
 
 
-
 @dataclass
 class Run:
     """A finished run directory, read (:func:`load_run`): its path, config, manifest, experiment, result and headline numbers.
@@ -211,8 +210,15 @@ def table(runs: Sequence[Run]) -> tuple[list[str], list[list[Any]]]:
     for r, d in zip(runs, described):
         items = r.summary.get("items", r.manifest.get("items"))
         rows.append(
-            [str(r.path), r.model, r.experiment, items, *[d.get(k) for k in extra],
-             r.manifest.get("dtype"), *[r.summary.get(k) for k in numbers]]
+            [
+                str(r.path),
+                r.model,
+                r.experiment,
+                items,
+                *[d.get(k) for k in extra],
+                r.manifest.get("dtype"),
+                *[r.summary.get(k) for k in numbers],
+            ]
         )
     return columns, rows
 

@@ -45,9 +45,16 @@ def _quiet(message: str) -> None:
 # ---------------------------------------------------------------------------- computing records
 
 
-def context_for(lm: Any, *, seed: int = 0, say: Say | None = None, model_name: str | None = None,
-                max_batch_tokens: int | None = None, group_bytes: int | None = None,
-                evaluate: Callable[[list[Any]], Any] | None = None) -> RunContext:
+def context_for(
+    lm: Any,
+    *,
+    seed: int = 0,
+    say: Say | None = None,
+    model_name: str | None = None,
+    max_batch_tokens: int | None = None,
+    group_bytes: int | None = None,
+    evaluate: Callable[[list[Any]], Any] | None = None,
+) -> RunContext:
     """The :class:`RunContext` of a run on ``lm``: its engine's ``probs`` as ``evaluate`` (unless given), seed, budgets.
 
     group_bytes: None reads CONTLLM_GROUP_BYTES (see :mod:`contllm.settings`).
@@ -57,9 +64,14 @@ def context_for(lm: Any, *, seed: int = 0, say: Say | None = None, model_name: s
 
         evaluate = Engine(lm, max_batch_tokens=max_batch_tokens).probs
     model = model_name or getattr(getattr(lm, "info", None), "name", None) or "model"
-    return RunContext(evaluate=evaluate, seed=seed, say=say or note, model_name=str(model),
-                      max_batch_tokens=max_batch_tokens,
-                      group_bytes=group_bytes_from_env() if group_bytes is None else group_bytes)
+    return RunContext(
+        evaluate=evaluate,
+        seed=seed,
+        say=say or note,
+        model_name=str(model),
+        max_batch_tokens=max_batch_tokens,
+        group_bytes=group_bytes_from_env() if group_bytes is None else group_bytes,
+    )
 
 
 def run_experiment(
@@ -276,8 +288,14 @@ class _Execution:
     def __init__(self, plan: CheckedRun, lm: Any, run_dir: RunDir, procs: Any, echo: Say) -> None:
         self.plan, self.lm, self.run_dir, self.procs, self.echo = plan, lm, run_dir, procs, echo
         settings = plan.settings
-        self.context = context_for(lm, seed=settings.seed, say=echo, model_name=plan.model,
-                                   max_batch_tokens=settings.max_batch_tokens, group_bytes=settings.group_bytes)
+        self.context = context_for(
+            lm,
+            seed=settings.seed,
+            say=echo,
+            model_name=plan.model,
+            max_batch_tokens=settings.max_batch_tokens,
+            group_bytes=settings.group_bytes,
+        )
 
     def run(self) -> Path:
         plan, procs, run_dir = self.plan, self.procs, self.run_dir
@@ -289,7 +307,8 @@ class _Execution:
         else:
             result = self.compute(done)
         summary = run_dir.write_outputs(
-            lambda: save(result, run_dir.path, item_figures=plan.settings.item_figures, name=plan.name))
+            lambda: save(result, run_dir.path, item_figures=plan.settings.item_figures, name=plan.name)
+        )
         run_dir.write_manifest({"status": "finished", "finished": now(), "items": len(plan.chosen)})
         for key, value in summary.items():
             if isinstance(value, float):
@@ -301,7 +320,9 @@ class _Execution:
         plan, procs, run_dir = self.plan, self.procs, self.run_dir
         run_dir.open()
         where = f" with {procs.world_size} processes" if procs.launched else ""
-        self.echo(f"{'resuming' if run_dir.resumed else 'writing'} {plan.name} on {plan.model} -> {run_dir.path}{where}")
+        self.echo(
+            f"{'resuming' if run_dir.resumed else 'writing'} {plan.name} on {plan.model} -> {run_dir.path}{where}"
+        )
         manifest = base_manifest(self.lm, plan.model)
         if plan.experiment.engine and _is_half(self.lm):  # the engine keeps everything between the matmuls in float32
             manifest["state_dtype"] = "float32"
@@ -325,9 +346,20 @@ class _Execution:
     def compute(self, skip: Mapping[str, Any]) -> Any:
         """The result over the run's items, each new record saved as it is finished."""
         plan = self.plan
-        return _with_progress(plan.name, plan.progress, lambda tick: run_experiment(
-            self.lm, plan.name, plan.config, items=plan.settings.items, skip=skip, on_record=self.keep,
-            progress=tick, context=self.context))
+        return _with_progress(
+            plan.name,
+            plan.progress,
+            lambda tick: run_experiment(
+                self.lm,
+                plan.name,
+                plan.config,
+                items=plan.settings.items,
+                skip=skip,
+                on_record=self.keep,
+                progress=tick,
+                context=self.context,
+            ),
+        )
 
     def shared(self, done: dict[str, Any]) -> Any:
         """Under a launch: this process's share of the missing work; the main process then merges and assembles."""
@@ -340,16 +372,30 @@ class _Execution:
         def share(work: list[Any]) -> list[Any]:  # the unfinished items
             part = procs.share(work)
             mine.extend(item.id for item in part)
-            plan.say(f"process {procs.rank + 1} of {procs.world_size}: {len(mine)} of {len(pending)} unfinished {unit}s")
+            plan.say(
+                f"process {procs.rank + 1} of {procs.world_size}: {len(mine)} of {len(pending)} unfinished {unit}s"
+            )
             return part
 
         run_dir.use_shard(procs.rank)
         if pending:
             chosen = select_items(plan.experiment.items(plan.config), plan.settings.items)
             label = f"{plan.name} [{procs.rank + 1}/{procs.world_size}]"
-            _with_progress(label, procs.is_main and plan.progress, lambda tick: compute_records(
-                self.lm, plan.experiment, plan.config, chosen, self.context, skip=finished, on_record=self.keep,
-                progress=tick, share=share))
+            _with_progress(
+                label,
+                procs.is_main and plan.progress,
+                lambda tick: compute_records(
+                    self.lm,
+                    plan.experiment,
+                    plan.config,
+                    chosen,
+                    self.context,
+                    skip=finished,
+                    on_record=self.keep,
+                    progress=tick,
+                    share=share,
+                ),
+            )
         # Returns once every process has finished its share (and so written its records).
         shards = procs.gather(procs.report(len(mine)))
         if not procs.is_main:
@@ -364,8 +410,9 @@ class _Execution:
             )
         run_dir.write_manifest({"processes": {**procs.describe(), "shards": shards}})
         # Every item is in `done`, so this only assembles the records in the items' order.
-        return run_experiment(self.lm, plan.name, plan.config, items=plan.settings.items, skip=done,
-                              context=self.context)
+        return run_experiment(
+            self.lm, plan.name, plan.config, items=plan.settings.items, skip=done, context=self.context
+        )
 
 
 def _note_half_precision(dtype: str | None, device: str, say: Say) -> None:
@@ -397,7 +444,14 @@ def _with_progress(label: str, show: bool, work: Callable[[Any], Any]) -> Any:
     if not show:
         return work(None)
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(
         TextColumn(f"[bold]{label}"),

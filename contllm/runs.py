@@ -175,9 +175,11 @@ def _differences(previous: Any, current: dict[str, Any]) -> list[str]:
         was, now_ = previous.get(key), current.get(key)
         if key == "options" and isinstance(was, dict) and isinstance(now_, dict):
             same_file = was.get("data_sha256") is not None and was.get("data_sha256") == now_.get("data_sha256")
-            found += [f"options.{k} (was {_short(was.get(k))}, now {_short(now_.get(k))})"
-                      for k in sorted(set(was) | set(now_))
-                      if was.get(k) != now_.get(k) and not (k == "data" and same_file)]
+            found += [
+                f"options.{k} (was {_short(was.get(k))}, now {_short(now_.get(k))})"
+                for k in sorted(set(was) | set(now_))
+                if was.get(k) != now_.get(k) and not (k == "data" and same_file)
+            ]
         elif was != now_:
             found.append(f"{key} (was {_short(was)}, now {_short(now_)})")
     return found
@@ -226,8 +228,9 @@ class RunDir:
         too_long = [part for part in self.path.parts if len(os.fsencode(part)) > NAME_MAX]
         if too_long or len(os.fsencode(self.path)) > PATH_MAX:
             what = f"the name {too_long[0][:40]}... is" if too_long else "the path is"
-            raise RunDirectoryError(f"cannot create {str(self.path)[:80]}...: {what} longer than "
-                                    f"{NAME_MAX if too_long else PATH_MAX} bytes")
+            raise RunDirectoryError(
+                f"cannot create {str(self.path)[:80]}...: {what} longer than {NAME_MAX if too_long else PATH_MAX} bytes"
+            )
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"{self.path} exists and is not a directory")
         _check_writable(self.path)
@@ -313,8 +316,12 @@ class RunDir:
     def _remove_previous(self) -> None:
         """--force: remove what the previous run wrote (its listed outputs, records, config, manifest); nothing else."""
         outputs = [self.path / r for r in _listed_outputs(self.path)]
-        records = [p for folder in self._record_dirs() for p in folder.glob("*.json")
-                   if _read_record(p, lambda data: data) is not None]
+        records = [
+            p
+            for folder in self._record_dirs()
+            for p in folder.glob("*.json")
+            if _read_record(p, lambda data: data) is not None
+        ]
         for path in [*outputs, *records, *self._temporary_files()]:
             if path.is_file() and not path.is_symlink():
                 path.unlink()

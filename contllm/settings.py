@@ -111,8 +111,11 @@ class RunSettings:
         from contllm.distributed import launch_size
 
         if not experiment.engine:
-            unused = [flag for flag, value in (("--max-batch-tokens", self.max_batch_tokens),
-                                               ("--device-map", self.device_map)) if value is not None]
+            unused = [
+                flag
+                for flag, value in (("--max-batch-tokens", self.max_batch_tokens), ("--device-map", self.device_map))
+                if value is not None
+            ]
             if unused:
                 raise ExperimentError(f"option(s) {', '.join(unused)} do not apply to the {experiment.name} experiment")
         if not experiment.shardable and launch_size() > 1:
@@ -120,5 +123,11 @@ class RunSettings:
 
     def recorded(self) -> dict[str, Any]:
         """What config.json keeps and ``--resume`` compares: every setting that changes the records."""
-        return {"model": self.model, "dtype": self.dtype, "items": self.items, "seed": self.seed,
-                "max_batch_tokens": self.max_batch_tokens, "group_bytes": self.group_bytes}
+        return {
+            "model": self.model,
+            "dtype": self.dtype,
+            "items": self.items,
+            "seed": self.seed,
+            "max_batch_tokens": self.max_batch_tokens,
+            "group_bytes": self.group_bytes,
+        }

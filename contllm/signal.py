@@ -149,7 +149,9 @@ class Signal:
         if self.token_ids is not None:
             ids = torch.as_tensor(self.token_ids).detach().cpu()
             if ids.ndim != 1 or ids.dtype not in (torch.int32, torch.int64):
-                raise SignalError(f"token_ids must be a 1-D integer sequence, got {ids.dtype} of shape {tuple(ids.shape)}")
+                raise SignalError(
+                    f"token_ids must be a 1-D integer sequence, got {ids.dtype} of shape {tuple(ids.shape)}"
+                )
             if ids.shape[0] != n:
                 raise SignalError(f"{ids.shape[0]} token ids but {n} durations; the lengths must match")
             object.__setattr__(self, "token_ids", ids.long())
@@ -160,9 +162,7 @@ class Signal:
             if not embeds.is_floating_point():
                 raise SignalError(f"embeds must be a floating-point tensor, got {embeds.dtype}")
             if embeds.ndim != 2 or embeds.shape[0] != n:
-                raise SignalError(
-                    f"embeds must have shape [tokens, hidden] with {n} tokens, got {tuple(embeds.shape)}"
-                )
+                raise SignalError(f"embeds must have shape [tokens, hidden] with {n} tokens, got {tuple(embeds.shape)}")
             if not torch.isfinite(embeds).all():
                 raise SignalError("embeds contain NaN or infinite values")
             object.__setattr__(self, "embeds", embeds)
@@ -204,7 +204,12 @@ class Signal:
             raise SignalError(f"token_ids must be a 1-D sequence of integers, got {_describe(token_ids)}") from err
         if ids.ndim != 1:
             raise SignalError(f"token_ids must be 1-D, got shape {tuple(ids.shape)}")
-        return cls(durations=_unit_if_none(durations, len(ids)), token_ids=ids, explicit_times=_times_or_none(times), start=start)
+        return cls(
+            durations=_unit_if_none(durations, len(ids)),
+            token_ids=ids,
+            explicit_times=_times_or_none(times),
+            start=start,
+        )
 
     @classmethod
     def from_embeds(
@@ -220,7 +225,12 @@ class Signal:
             raise SignalError(f"embeds must be a torch.Tensor [tokens, hidden], got {_describe(embeds)}")
         if embeds.ndim != 2:
             raise SignalError(f"embeds must have shape [tokens, hidden], got {tuple(embeds.shape)}")
-        return cls(durations=_unit_if_none(durations, embeds.shape[0]), embeds=embeds, explicit_times=_times_or_none(times), start=start)
+        return cls(
+            durations=_unit_if_none(durations, embeds.shape[0]),
+            embeds=embeds,
+            explicit_times=_times_or_none(times),
+            start=start,
+        )
 
     @classmethod
     def from_text(cls, tokenizer: Any, text: str, *, add_special_tokens: bool = True) -> Signal:

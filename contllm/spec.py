@@ -114,8 +114,9 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
         raise ExperimentError(f"{where}: 'models' must be a non-empty list of model names")
     for k, model in enumerate(models):
         if not SAFE_COMPONENT.fullmatch(_model_dir(model)) or len(_model_dir(model)) > MAX_LABEL:
-            raise ExperimentError(f"{where}: model {model[:80]!r} does not give a plain directory name "
-                                  f"(at most {MAX_LABEL} characters)")
+            raise ExperimentError(
+                f"{where}: model {model[:80]!r} does not give a plain directory name (at most {MAX_LABEL} characters)"
+            )
         if model in models[:k]:
             raise ExperimentError(f"{where}: model {model!r} is listed twice")
         same = [m for m in models[:k] if _model_dir(m) == _model_dir(model)]
@@ -146,8 +147,11 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
             )
         experiment = registry.get(name)
         allowed = ENTRY_KEYS | {o.name for o in experiment.options}
-        table = {**table, **({} if items is None else {"items": items}),
-                 **({"samples": samples} if samples is not None and "samples" in allowed else {})}
+        table = {
+            **table,
+            **({} if items is None else {"items": items}),
+            **({"samples": samples} if samples is not None and "samples" in allowed else {}),
+        }
         bad = sorted(set(table) - allowed)
         if bad:
             raise ExperimentError(
@@ -172,8 +176,17 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
         try:
             config = experiment.config(options)
             select_items(experiment.items(config), items)
-            settings = [RunSettings(model=model, items=items, seed=seed, dtype=dtype, item_figures=item_figures,
-                                    max_batch_tokens=max_batch_tokens) for model in models]
+            settings = [
+                RunSettings(
+                    model=model,
+                    items=items,
+                    seed=seed,
+                    dtype=dtype,
+                    item_figures=item_figures,
+                    max_batch_tokens=max_batch_tokens,
+                )
+                for model in models
+            ]
             for one in settings:
                 one.check_for(experiment)
         except ExperimentError as exc:
@@ -224,14 +237,26 @@ def run_spec(
         with procs.main_first():
             lm = load(model, device=procs.device or device, dtype=mine[0][0].settings.dtype)
         for entry, out_dir in mine:
-            written.append(run(entry.experiment, lm=lm, out=out_dir, resume=resume, force=force, device=device,
-                               options=dict(entry.options), settings=entry.settings, say=say,
-                               progress=say is not None))
+            written.append(
+                run(
+                    entry.experiment,
+                    lm=lm,
+                    out=out_dir,
+                    resume=resume,
+                    force=force,
+                    device=device,
+                    options=dict(entry.options),
+                    settings=entry.settings,
+                    say=say,
+                    progress=say is not None,
+                )
+            )
     return written
 
 
-def check_targets(spec: Spec, entries: list[SpecEntry], root: Path, *, resume: bool, force: bool,
-                  device: str) -> list[Path]:
+def check_targets(
+    spec: Spec, entries: list[SpecEntry], root: Path, *, resume: bool, force: bool, device: str
+) -> list[Path]:
     """The run directory of every entry, each checked as its run will check it; before any model loads.
 
     Every model is resolved (an alias, a directory or a hub id), the device is checked,

@@ -120,7 +120,6 @@ CURVE_TOL = 1e-6
 CURVE_NOISE = 0.3
 
 
-
 # ---------------------------------------------------------------------------- read-outs
 @dataclass(frozen=True)
 class Readout:
@@ -164,7 +163,9 @@ class Readout:
             raise SignalError(f"no label {label!r}; the labels are {', '.join(token_sets.labels)}")
         k = token_sets.labels.index(label)
         name = f"log p({label})" if log else f"p({label})"
-        return cls("log_probability" if log else "probability", TokenSets((label,), (token_sets.token_ids[k],)), name=name)
+        return cls(
+            "log_probability" if log else "probability", TokenSets((label,), (token_sets.token_ids[k],)), name=name
+        )
 
     @classmethod
     def expectation(cls, token_sets: TokenSets, *, name: str = "E[k]") -> Readout:
@@ -178,13 +179,16 @@ class Readout:
     def _combine(self, label_logp: Any, lib: Any) -> Any:
         """f from the log-probability of each label [B, K] (torch or numpy)."""
         if self.kind == "expectation":
-            weights = lib.exp(label_logp - label_logp.max(-1, keepdims=True) if lib is np else
-                              label_logp - label_logp.max(-1, keepdim=True).values)
+            weights = lib.exp(
+                label_logp - label_logp.max(-1, keepdims=True)
+                if lib is np
+                else label_logp - label_logp.max(-1, keepdim=True).values
+            )
             values: Any = np.asarray(self.values, dtype=np.float64)
             if lib is not np:
                 values = torch.as_tensor(values, dtype=label_logp.dtype, device=label_logp.device)
             return (weights * values).sum(-1) / weights.sum(-1)
-        total = (np.logaddexp.reduce(label_logp, axis=-1) if lib is np else torch.logsumexp(label_logp, -1))
+        total = np.logaddexp.reduce(label_logp, axis=-1) if lib is np else torch.logsumexp(label_logp, -1)
         return total if self.kind == "log_probability" else lib.exp(total)
 
     def from_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -347,8 +351,14 @@ def attribute(
         smallest=low if floor == 0 else float("nan"),
         position=position,
         readout=readout.name,
-        meta={"prefix": path.prefix, "rule": rule, "panels": panels, "forwards": forwards, "gradients": gradients,
-              "window_crossings": window_crossings(lm, signal, active, low)},
+        meta={
+            "prefix": path.prefix,
+            "rule": rule,
+            "panels": panels,
+            "forwards": forwards,
+            "gradients": gradients,
+            "window_crossings": window_crossings(lm, signal, active, low),
+        },
     )
 
 
@@ -398,10 +408,13 @@ def _adaptive(path: DurationPath, steps: int, low: float) -> tuple[np.ndarray, i
     return np.sum([panel[2] for panel in panels], axis=0), len(panels)
 
 
-def _placed(path: DurationPath, steps: int, low: float, tolerance: float, noise: float) -> tuple[np.ndarray, int, dict[str, int]]:
+def _placed(
+    path: DurationPath, steps: int, low: float, tolerance: float, noise: float
+) -> tuple[np.ndarray, int, dict[str, int]]:
     """Per-token integrals [active] on panels laid out from f alone, then checked against f (:func:`quadrature.integrate`)."""
-    total, panels, counts = quadrature.integrate(path.values, path.gradients, math.log(low), steps, tolerance, noise,
-                                                  budget=CURVE_FORWARDS)
+    total, panels, counts = quadrature.integrate(
+        path.values, path.gradients, math.log(low), steps, tolerance, noise, budget=CURVE_FORWARDS
+    )
     return total, len(panels), counts
 
 
@@ -433,6 +446,7 @@ def occlusion(
 
         def evaluate(batch: list[Signal]) -> torch.Tensor:
             return engine.probs(batch)  # type: ignore[return-value]  # last positions: one tensor [S, vocab]
+
     signals = [signal] + [signal.scale_tokens([j], c) for c in factors for j in chosen]
     f = readout.from_probs(evaluate(signals))
     return float(f[0]), (f[0] - f[1:]).reshape(len(factors), len(chosen))

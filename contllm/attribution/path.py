@@ -93,8 +93,9 @@ def _gradient_mode(lm: Any) -> Iterator[None]:
 class DurationPath:
     """The signal with its attributed tokens at duration tau x d, batched over tau, with a cached prefix."""
 
-    def __init__(self, lm: Any, signal: Signal, readout: Any, active: list[int], position: int,
-                 max_batch_tokens: int | None) -> None:
+    def __init__(
+        self, lm: Any, signal: Signal, readout: Any, active: list[int], position: int, max_batch_tokens: int | None
+    ) -> None:
         self.lm, self.signal, self.readout, self.active, self.position = lm, signal, readout, active, position
         n = len(signal)
         self.prefix = min([position, *active])
@@ -134,8 +135,15 @@ class DurationPath:
             self._context = (cache, times, d)
         return self._context
 
-    def _run(self, durations: torch.Tensor, times: torch.Tensor, *, cache: Any = None, keep: Any = None,
-             context: tuple[Any, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def _run(
+        self,
+        durations: torch.Tensor,
+        times: torch.Tensor,
+        *,
+        cache: Any = None,
+        keep: Any = None,
+        context: tuple[Any, torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """One forward of the tokens [prefix or 0, n) at ``durations``/``times`` [B, width]; logits of ``keep``."""
         lm = self.lm
         model = lm.model
@@ -147,7 +155,9 @@ class DurationPath:
             embeds = self.signal.embeds[lo:hi].to(device=lm.device, dtype=lm.state_dtype)[None].expand(rows, -1, -1)
         else:
             assert ids is not None
-            embeds = model.get_input_embeddings()(ids[lo:hi].to(lm.device))[None].to(lm.state_dtype).expand(rows, -1, -1)
+            embeds = (
+                model.get_input_embeddings()(ids[lo:hi].to(lm.device))[None].to(lm.state_dtype).expand(rows, -1, -1)
+            )
         key_times, key_durations = times, durations
         if context is not None:
             prefix_cache, prefix_times, prefix_durations = context
@@ -160,8 +170,9 @@ class DurationPath:
         mask_dtype = torch.float32 if lm.attn_implementation == "eager" else lm.state_dtype
         if lm.state_dtype == torch.float64:
             mask_dtype = torch.float64
-        mask = model_masks(lm.family, model.config, times, key_times, key_durations.to(lm.device), dtype=mask_dtype,
-                           device=lm.device)
+        mask = model_masks(
+            lm.family, model.config, times, key_times, key_durations.to(lm.device), dtype=mask_dtype, device=lm.device
+        )
         out = model(
             inputs_embeds=embeds,
             attention_mask=mask,

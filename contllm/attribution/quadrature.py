@@ -64,7 +64,9 @@ def panel_rule(panels: list[tuple[float, float, int]]) -> tuple[np.ndarray, np.n
     return np.concatenate(nodes), np.concatenate(weights)
 
 
-def local_polynomial(s: np.ndarray, f: np.ndarray, q: np.ndarray, m: int = 6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def local_polynomial(
+    s: np.ndarray, f: np.ndarray, q: np.ndarray, m: int = 6
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """f, f' and f'' at each q from the degree m - 1 polynomial through the m samples (s sorted) nearest it."""
     q = np.asarray(q, dtype=np.float64)
     lo = np.clip(np.searchsorted(s, q) - m // 2, 0, len(s) - m)
@@ -76,8 +78,14 @@ def local_polynomial(s: np.ndarray, f: np.ndarray, q: np.ndarray, m: int = 6) ->
     return c[:, 0], c[:, 1] / scale, 2 * c[:, 2] / scale**2
 
 
-def curve(values: Callable[[np.ndarray], np.ndarray], a: float, tolerance: float, budget: int = 600,
-          first: int = 33, batch: int = 64) -> tuple[np.ndarray, np.ndarray]:
+def curve(
+    values: Callable[[np.ndarray], np.ndarray],
+    a: float,
+    tolerance: float,
+    budget: int = 600,
+    first: int = 33,
+    batch: int = 64,
+) -> tuple[np.ndarray, np.ndarray]:
     """Samples (s, f(e^s)) over [a, 0], without gradients, denser where f is hard to interpolate.
 
     Starts from ``first`` even samples; each round adds the midpoints (up to ``batch``, worst
@@ -102,8 +110,9 @@ def curve(values: Callable[[np.ndarray], np.ndarray], a: float, tolerance: float
     return s, f
 
 
-def panel_edges(s: np.ndarray, f: np.ndarray, panels: int, fine: int = 4000, widen: int = 10,
-                floor: float = 0.05) -> np.ndarray:
+def panel_edges(
+    s: np.ndarray, f: np.ndarray, panels: int, fine: int = 4000, widen: int = 10, floor: float = 0.05
+) -> np.ndarray:
     """Edges [panels + 1] over [s[0], s[-1]] that give every panel an equal share of sqrt|f''|.
 
     f'' comes from the local interpolants of the samples on ``fine`` even points; each value is
@@ -157,8 +166,12 @@ def cubic_spline(s: np.ndarray, f: np.ndarray) -> Callable[[np.ndarray], tuple[n
     return evaluate
 
 
-def _rule_error(model: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], rule: tuple[np.ndarray, np.ndarray],
-                lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def _rule_error(
+    model: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+    rule: tuple[np.ndarray, np.ndarray],
+    lo: np.ndarray,
+    hi: np.ndarray,
+) -> np.ndarray:
     """|Gauss-Legendre integral of the model's slope - the model's difference| over each panel [lo, hi]."""
     x, w = rule
     nodes = lo[:, None] + (hi - lo)[:, None] * (x[None] + 1) / 2
@@ -166,8 +179,9 @@ def _rule_error(model: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], ru
     return np.abs(integral - (model(hi)[0] - model(lo)[0]))
 
 
-def layout(s: np.ndarray, f: np.ndarray, steps: int, candidates: int = CANDIDATE_EDGES,
-           orders: tuple[int, ...] = ORDERS) -> list[tuple[float, float, int]]:
+def layout(
+    s: np.ndarray, f: np.ndarray, steps: int, candidates: int = CANDIDATE_EDGES, orders: tuple[int, ...] = ORDERS
+) -> list[tuple[float, float, int]]:
     """Gauss-Legendre panels (lo, hi, nodes) over [s[0], s[-1]] with at most ``steps`` nodes in all.
 
     The panels' edges are chosen among ``candidates`` + 1 points placed by :func:`panel_edges`
@@ -190,7 +204,9 @@ def layout(s: np.ndarray, f: np.ndarray, steps: int, candidates: int = CANDIDATE
     rules = {o: np.polynomial.legendre.leggauss(o) for o in orders}
     for j in range(1, m + 1):
         for o in orders:
-            error = np.zeros(j)  # a panel from each earlier edge to edge j: its worst over the panel and two shrunk by SHRINK
+            error = np.zeros(
+                j
+            )  # a panel from each earlier edge to edge j: its worst over the panel and two shrunk by SHRINK
             for left, right in ((0.0, 0.0), (SHRINK, 0.0), (0.0, SHRINK)):
                 width = edges[j] - edges[:j]
                 lo, hi = edges[:j] + left * width, edges[j] - right * width
@@ -212,7 +228,6 @@ def layout(s: np.ndarray, f: np.ndarray, steps: int, candidates: int = CANDIDATE
     return panels[::-1]
 
 
-
 class Checks:
     """f along the path, each value computed once, and Gauss-Legendre panels measured against it.
 
@@ -221,8 +236,13 @@ class Checks:
     start included).
     """
 
-    def __init__(self, values: Callable[[np.ndarray], np.ndarray], gradients: Callable[[np.ndarray], np.ndarray],
-                 s: np.ndarray | None = None, f: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        values: Callable[[np.ndarray], np.ndarray],
+        gradients: Callable[[np.ndarray], np.ndarray],
+        s: np.ndarray | None = None,
+        f: np.ndarray | None = None,
+    ) -> None:
         self.values, self.gradients = values, gradients
         self.known: dict[float, float] = {} if s is None else dict(zip(np.asarray(s).tolist(), np.asarray(f).tolist()))
         self.forwards = len(self.known)
@@ -249,9 +269,15 @@ class Checks:
         return out
 
 
-def integrate(values: Callable[[np.ndarray], np.ndarray], gradients: Callable[[np.ndarray], np.ndarray],
-              a: float, steps: int, tolerance: float, noise: float, budget: int = 600
-              ) -> tuple[np.ndarray, list[tuple[float, float, int]], dict[str, int]]:
+def integrate(
+    values: Callable[[np.ndarray], np.ndarray],
+    gradients: Callable[[np.ndarray], np.ndarray],
+    a: float,
+    steps: int,
+    tolerance: float,
+    noise: float,
+    budget: int = 600,
+) -> tuple[np.ndarray, list[tuple[float, float, int]], dict[str, int]]:
     """Per-token integrals over s in [a, 0] of the gradients, on panels laid out from f alone and then checked.
 
     values: tau [T] -> f [T] (no gradients); gradients: tau [T] -> df/dlog d_j [T, active].

@@ -78,11 +78,29 @@ def text_heatmap(record: Any, *, measure: str = "attribution", title: str = "") 
             shown = part.replace("\t", " ")
             if i in values:
                 box = {"facecolor": cmap(norm(values[i])), "edgecolor": "none", "pad": 0.6}
-                ax.text(x, row * line_h, shown, family="monospace", fontsize=8, va="center", ha="left", bbox=box,
-                        fontweight="bold" if i in span else "normal")
+                ax.text(
+                    x,
+                    row * line_h,
+                    shown,
+                    family="monospace",
+                    fontsize=8,
+                    va="center",
+                    ha="left",
+                    bbox=box,
+                    fontweight="bold" if i in span else "normal",
+                )
             else:
-                ax.text(x, row * line_h, shown, family="monospace", fontsize=8, va="center", ha="left", color="0.55",
-                        fontweight="bold" if i in span else "normal")
+                ax.text(
+                    x,
+                    row * line_h,
+                    shown,
+                    family="monospace",
+                    fontsize=8,
+                    va="center",
+                    ha="left",
+                    color="0.55",
+                    fontweight="bold" if i in span else "normal",
+                )
             x += char_w * len(shown)
     bar = fig.add_axes((0.9, 0.15, 0.015, 0.7))
     fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=bar, label=measure)
@@ -137,7 +155,7 @@ token for its attribution, occlusion (deleted alone) and shrink (halved alone).<
 <p>f(prompt) = {record.full:.6g}, f(baseline) = {record.baseline:.6g}, sum of attributions =
 {float(np.sum(record.attribution)):.6g} (target {total:.6g}; relative completeness error
 {record.completeness_error:.3g}; {record.steps} steps).</p>
-<div class="text">{''.join(out)}</div>
+<div class="text">{"".join(out)}</div>
 <h3>Attributed tokens, largest |attribution| first</h3>
 <table><tr><th>index</th><th>token</th><th>span</th><th>attribution</th><th>occlusion</th><th>shrink</th></tr>
 {rows}

@@ -127,9 +127,7 @@ class BooleanTable:
     def _index(self, op: str) -> int:
         name = op.upper() if isinstance(op, str) else op
         if name not in self.operators:
-            raise ExperimentError(
-                f"unknown Boolean operator {op!r}; known operators: {', '.join(self.operators)}"
-            )
+            raise ExperimentError(f"unknown Boolean operator {op!r}; known operators: {', '.join(self.operators)}")
         return self.operators.index(name)
 
     def truth(self, op: str, a: int, b: int) -> int:
@@ -191,9 +189,14 @@ def _digit(value: int) -> str | None:
 def _counting_item(row: Row) -> CountingItem:
     word = row.get("word")
     article = row.get("article", str, default=f"{'an' if word[0].lower() in 'aeiou' else 'a'} {word}")
-    return CountingItem(id=row.get("id", str, default=f"count-{row.number:03d}"), word=word, article=article,
-                        category=row.get("category", str, default="things"), n=row.get("n", int, check=_digit),
-                        multi_token=row.get("multi_token", bool, default=False))
+    return CountingItem(
+        id=row.get("id", str, default=f"count-{row.number:03d}"),
+        word=word,
+        article=article,
+        category=row.get("category", str, default="things"),
+        n=row.get("n", int, check=_digit),
+        multi_token=row.get("multi_token", bool, default=False),
+    )
 
 
 def _event_item(row: Row) -> EventItem:
@@ -203,9 +206,15 @@ def _event_item(row: Row) -> EventItem:
     n = row.get("n", int, default=len(events))
     if n != len(events):
         raise row.error(f"is {n} but the row lists {len(events)} events", "n")
-    item = EventItem(id=row.get("id", str, default=f"passage-{row.number:03d}"), kind=row.get("kind", str, default="passage"),
-                     events=tuple(events), question=row.get("question"), answer_prefix=row.get("answer_prefix"), n=n,
-                     prompt=row.get("prompt", str, default=None))
+    item = EventItem(
+        id=row.get("id", str, default=f"passage-{row.number:03d}"),
+        kind=row.get("kind", str, default="passage"),
+        events=tuple(events),
+        question=row.get("question"),
+        answer_prefix=row.get("answer_prefix"),
+        n=n,
+        prompt=row.get("prompt", str, default=None),
+    )
     if item.prompt is not None:
         try:
             item.event_spans()
@@ -254,13 +263,9 @@ def _boolean() -> BooleanTable:
         truth = _field(raw, "truth", list, f"{filename} operator {name}")
         bits = all(value in (0, 1) and not isinstance(value, bool) for value in truth)
         if len(truth) != len(pairs) or not bits:
-            raise ExperimentError(
-                f"{filename} operator {name}: 'truth' must hold 4 values, each 0 or 1"
-            )
+            raise ExperimentError(f"{filename} operator {name}: 'truth' must hold 4 values, each 0 or 1")
         if name != name.upper() or name in names:
-            raise ExperimentError(
-                f"{filename} operator {name}: names must be upper case and unique"
-            )
+            raise ExperimentError(f"{filename} operator {name}: names must be upper case and unique")
         names.append(name)
         words.append(_field(raw, "word", str, f"{filename} operator {name}"))
         tables.append(tuple(truth))

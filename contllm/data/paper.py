@@ -154,8 +154,17 @@ def _events_fields(row: Row) -> list[dict[str, Any]]:
     if len(events) != n:
         how = "lines starting with '- '" if dashed else "sentences, the first one a prelude"
         raise row.error(f"holds {len(events)} events ({how}) but num_sentences is {n}", "sentence")
-    return [{"id": f"passage-{row.number:03d}", "kind": "tutorial" if dashed else "story", "events": events,
-             "question": question, "answer_prefix": prefix, "n": n, "prompt": text}]
+    return [
+        {
+            "id": f"passage-{row.number:03d}",
+            "kind": "tutorial" if dashed else "story",
+            "events": events,
+            "question": question,
+            "answer_prefix": prefix,
+            "n": n,
+            "prompt": text,
+        }
+    ]
 
 
 def _whole(row: Row, name: str, value: Any) -> int:
@@ -208,17 +217,31 @@ def _sums_fields(row: Row) -> list[dict[str, Any]]:
     shrink = row.get("shrink_1", (bool, int))
     if shrink not in (True, False, 0, 1):
         raise row.error(f"must be true or false, got {shrink!r}", "shrink_1")
-    return [{"id": f"sum-{row.number:03d}", "problem": problem, "name": name or None, "first": first,
-             "second": second, "scaled": "first" if shrink else "second"}]
+    return [
+        {
+            "id": f"sum-{row.number:03d}",
+            "problem": problem,
+            "name": name or None,
+            "first": first,
+            "second": second,
+            "scaled": "first" if shrink else "second",
+        }
+    ]
 
 
 #: The paper's files that hold the material its datasets were generated from, not an
 #: experiment's input: (fields that mark a row of one, what it is, which file to give instead).
 MATERIAL = (
-    (("prelude", "sentences"), "the paper's material for generating stories (counting_events_raw.json)",
-     "counting_events.json or counting_events_seq.json"),
-    (("formula",), "the paper's material for generating sums (sums_raw.json: candidate lists and a formula)",
-     "sums.json"),
+    (
+        ("prelude", "sentences"),
+        "the paper's material for generating stories (counting_events_raw.json)",
+        "counting_events.json or counting_events_seq.json",
+    ),
+    (
+        ("formula",),
+        "the paper's material for generating sums (sums_raw.json: candidate lists and a formula)",
+        "sums.json",
+    ),
 )
 
 

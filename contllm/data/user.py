@@ -62,8 +62,13 @@ class Row:
         value = self.fields.get(name)
         return value is not None and not (self.csv and value == "")
 
-    def get(self, name: str, kind: type | tuple[type, ...] = str, default: Any = _MISSING,
-            check: Callable[[Any], str | None] | None = None) -> Any:
+    def get(
+        self,
+        name: str,
+        kind: type | tuple[type, ...] = str,
+        default: Any = _MISSING,
+        check: Callable[[Any], str | None] | None = None,
+    ) -> Any:
         """Field ``name`` as ``kind`` (str, int, float, bool, list or dict); ``default`` when absent.
 
         ``check(value)`` may return a message saying what is wrong with the value. Raises
@@ -104,8 +109,14 @@ class Row:
 
 
 def _names(kinds: tuple[type, ...]) -> str:
-    words = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list",
-             dict: "an object"}
+    words = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        list: "a list",
+        dict: "an object",
+    }
     return " or ".join(words.get(k, k.__name__) for k in kinds)
 
 
@@ -183,7 +194,7 @@ def _json_rows(name: str, text: str) -> list[Row]:
         elif len(lists) == 1:
             data = next(iter(lists.values()))
         else:
-            raise ExperimentError(f"{name}: a JSON object must hold the rows as a list under \"items\"")
+            raise ExperimentError(f'{name}: a JSON object must hold the rows as a list under "items"')
     if not isinstance(data, list):
         raise ExperimentError(f"{name}: must hold a list of objects, got {type(data).__name__}")
     rows = []
@@ -237,8 +248,9 @@ def unique_ids(items: Sequence[T], path: str, id_of: Callable[[T], str] = lambda
     return list(items)
 
 
-def read_items(path: str | Path, build: Callable[[Row], T],
-               shape: Callable[[list[Row]], list[Row]] | None = None) -> list[T]:
+def read_items(
+    path: str | Path, build: Callable[[Row], T], shape: Callable[[list[Row]], list[Row]] | None = None
+) -> list[T]:
     """The items of a dataset file: ``build`` makes one item of each row; ids must be unique.
 
     shape: reads another layout of the rows (the paper's, :mod:`contllm.data.paper`) into

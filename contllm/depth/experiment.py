@@ -61,7 +61,9 @@ PROMPTS: tuple[DepthPrompt, ...] = (
         "Water boils at one hundred degrees Celsius at sea level, but on a high mountain the air "
         "pressure is lower, so water boils at a",
     ),
-    DepthPrompt("code", "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    return total /"),
+    DepthPrompt(
+        "code", "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    return total /"
+    ),
 )
 
 
@@ -163,7 +165,9 @@ def probe_prompt(
     for layer in layers:
         generator = torch.Generator().manual_seed(seed * 7919 + index * 131 + layer)
         direction = torch.randn(trace.states.shape[-1], generator=generator, dtype=torch.float64)
-        propagation += propagate_sizes(stack, trace, layer=layer, position=position, eps=config.eps, direction=direction)
+        propagation += propagate_sizes(
+            stack, trace, layer=layer, position=position, eps=config.eps, direction=direction
+        )
     fractional = fractional_depth(stack, trace, config.alphas, layers=layers, top_k=config.top_k)
     tokens, token_strings = None, {}
     if tokenizer is not None:
@@ -176,8 +180,14 @@ def probe_prompt(
         tokens=tokens,
         profile=step_profile(trace),
         lipschitz=layer_lipschitz(
-            stack, trace, eps=config.eps, samples=config.samples, iters=config.iters,
-            sigma_iters=config.sigma_iters, method=config.method, seed=seed + 1000 * index,
+            stack,
+            trace,
+            eps=config.eps,
+            samples=config.samples,
+            iters=config.iters,
+            sigma_iters=config.sigma_iters,
+            method=config.method,
+            seed=seed + 1000 * index,
         ),
         propagation=propagation,
         fractional=fractional,
@@ -271,13 +281,17 @@ class DepthExperiment(Experiment):
     Config = DepthConfig
     options = (
         Option(
-            "layer", "ints",
+            "layer",
+            "ints",
             "layers of the single-layer probes, comma-separated, negative from the end. "
             "[default: first, 1/4, 1/2, 3/4, last]",
         ),
-        Option("eps", "floats", "perturbation sizes relative to ||h||, comma-separated, > 0. [default: 1e-3,1e-2,1e-1]"),
         Option(
-            "alphas", "floats",
+            "eps", "floats", "perturbation sizes relative to ||h||, comma-separated, > 0. [default: 1e-3,1e-2,1e-1]"
+        ),
+        Option(
+            "alphas",
+            "floats",
             "update scales alpha in [0, 2], comma-separated (1 is always added). [default: 0,0.25,...,2]",
         ),
     )
@@ -285,11 +299,18 @@ class DepthExperiment(Experiment):
     shardable = True  # each prompt is seeded by its place in PROMPTS: any process can take it
     unit = "prompt"
     metrics = (
-        Metric("half_step_defect_median", "lower",
-               "||two half steps - one full step|| / ||update||, median over layers: how well a layer splits like a flow"),
+        Metric(
+            "half_step_defect_median",
+            "lower",
+            "||two half steps - one full step|| / ||update||, median over layers: how well a layer splits like a flow",
+        ),
         Metric("half_step_kl_all_last", "lower", "KL(every layer split in two || stock) at the last position"),
-        Metric("step_ratio_median", "lower", "||f_l|| / ||h_l||, median over layers and tokens: how small each update is"),
-        Metric("curvature_median", "lower", "||f_(l+1) - f_l|| / ||f_l||, median over layers: how smoothly updates vary"),
+        Metric(
+            "step_ratio_median", "lower", "||f_l|| / ||h_l||, median over layers and tokens: how small each update is"
+        ),
+        Metric(
+            "curvature_median", "lower", "||f_(l+1) - f_l|| / ||f_l||, median over layers: how smoothly updates vary"
+        ),
     )
 
     def items(self, config: DepthConfig) -> Sequence[DepthPrompt]:

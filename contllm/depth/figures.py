@@ -175,8 +175,13 @@ def _alpha_figure(result: DepthResult) -> Any:
     axes[2].set_ylabel("entropy of p_α at the last position (nats)")
     for ax in axes:
         ax.axvline(1, color="k", lw=0.8, ls=":")
-    return _finished(fig, axes, result, "α  (h_{l+1} = h_l + α f_l(h_l))",
-                     "fractional depth (mean over prompts; α = 1 is the stock model)")
+    return _finished(
+        fig,
+        axes,
+        result,
+        "α  (h_{l+1} = h_l + α f_l(h_l))",
+        "fractional depth (mean over prompts; α = 1 is the stock model)",
+    )
 
 
 def _half_figure(result: DepthResult) -> Any:
@@ -192,7 +197,9 @@ def _half_figure(result: DepthResult) -> Any:
     left.set_ylabel("||h'' - Φ_l(h)|| / ||f_l(h)||")
     left.set_title("local defect of two half steps against one step", fontsize=10)
     right.bar(layers, _positive(np.asarray(half["kl_layer_last"])), color="C0", alpha=0.7, label="layer l split alone")
-    right.axhline(float(half["kl_all_last"]), color="k", lw=2, label=f"every layer split: {float(half['kl_all_last']):.3g}")
+    right.axhline(
+        float(half["kl_all_last"]), color="k", lw=2, label=f"every layer split: {float(half['kl_all_last']):.3g}"
+    )
     right.set_yscale("log")
     right.set_ylabel("KL(p_half || p), last position (mean over prompts)")
     right.set_title("effect on the output distribution", fontsize=10)

@@ -377,7 +377,9 @@ def fractional_depth(
     """
     values = [check_alpha(a) for a in alphas]
     top_ids = [int(i) for i in torch.topk(trace.logits[-1], min(top_k, trace.logits.shape[-1])).indices]
-    targets: list[tuple[str, Any]] = [("all", None)] + [(str(stack.layer_index(i)), stack.layer_index(i)) for i in layers]
+    targets: list[tuple[str, Any]] = [("all", None)] + [
+        (str(stack.layer_index(i)), stack.layer_index(i)) for i in layers
+    ]
     curves: dict[str, dict[str, list]] = {}
     keep = trace.keep
     moved = [a for a in values if a != 1.0]
@@ -422,6 +424,7 @@ def half_step_defects(stack: LayerStack, trace: Trace, *, model_kl: bool = True)
             defect_median.append(float((_norms(err) / _norms(f).clamp_min(1e-300)).median()))
     out: dict[str, Any] = {"defect": np.asarray(defect), "defect_median": np.asarray(defect_median)}
     if model_kl:
+
         def kls(logits: torch.Tensor) -> tuple[float, float]:
             kl = kl_divergence(logits, trace.logits).cpu()
             return float(kl[-1]), float(kl[keep].mean()) if bool(keep.any()) else float(kl.mean())
@@ -485,4 +488,3 @@ def layer_lipschitz(
         "sigma_residual": np.asarray(sigma_residual),
         "lambda_residual": np.asarray(lambda_residual),
     }
-

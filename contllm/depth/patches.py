@@ -189,4 +189,3 @@ def replayed(stack: LayerStack, trace: Trace, upto: int) -> Iterator[None]:
                 del layer.forward
             else:
                 layer.forward = previous
-

@@ -56,7 +56,8 @@ class PromptDepth:
                 **{k: as_array(lip[k]) for k in ("sigma_max", "lambda_max", "sigma_residual", "lambda_residual")},
             }
             propagation = [
-                {**r, **{k: as_array(r[k]) for k in ("gain", "spread", "relative", "growth")}} for r in data["propagation"]
+                {**r, **{k: as_array(r[k]) for k in ("gain", "spread", "relative", "growth")}}
+                for r in data["propagation"]
             ]
             half = {k: (as_array(v) if isinstance(v, list) else v) for k, v in data["half"].items()}
             return cls(
@@ -234,7 +235,12 @@ class DepthResult:
         ) -> dict[str, Any]:
             v = math.nan if value is None else float(value)
             return {
-                "prompt": prompt, "probe": probe, "quantity": quantity, "target": target, "layer": layer, "x": x,
+                "prompt": prompt,
+                "probe": probe,
+                "quantity": quantity,
+                "target": target,
+                "layer": layer,
+                "x": x,
                 "value": v if math.isfinite(v) else "",
             }
 
@@ -335,7 +341,9 @@ class DepthResult:
         """The CSV tables: "results" (:meth:`rows`) and "layers" (:meth:`layer_rows`), non-finite cells empty."""
 
         def blank(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-            return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
+            return [
+                {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows
+            ]
 
         layer_rows = self.layer_rows()
         return {"results": (CSV_COLUMNS, blank(list(self.rows()))), "layers": (tuple(layer_rows[0]), blank(layer_rows))}

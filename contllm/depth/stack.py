@@ -173,6 +173,10 @@ class LayerStack:
             keep[0] = False
         ordered = range(self.n_layers)
         return Trace(
-            input_ids.reshape(-1).cpu(), states, [calls[i] for i in ordered], logits, keep, [outputs[i] for i in ordered]
+            input_ids.reshape(-1).cpu(),
+            states,
+            [calls[i] for i in ordered],
+            logits,
+            keep,
+            [outputs[i] for i in ordered],
         )
-

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 from contllm.exports import lazy_exports
 
-__getattr__, __all__ = lazy_exports(__name__, {
-    "contllm.runner": ("run_experiment", "compute_records"),
-    "contllm.outputs": ("save", "summarize", "figure"),
-    "contllm.experiments.base": ("Experiment", "Metric", "Records", "RunContext"),
-    "contllm.experiments.boolean": ("BooleanConfig",),
-    "contllm.experiments.counting": ("CountingConfig",),
-    "contllm.experiments.events": ("EventsConfig",),
-    "contllm.experiments.sweeps": ("ExperimentResult", "Sweep"),
-})
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "contllm.runner": ("run_experiment", "compute_records"),
+        "contllm.outputs": ("save", "summarize", "figure"),
+        "contllm.experiments.base": ("Experiment", "Metric", "Records", "RunContext"),
+        "contllm.experiments.boolean": ("BooleanConfig",),
+        "contllm.experiments.counting": ("CountingConfig",),
+        "contllm.experiments.events": ("EventsConfig",),
+        "contllm.experiments.sweeps": ("ExperimentResult", "Sweep"),
+    },
+)

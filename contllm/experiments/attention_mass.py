@@ -45,15 +45,28 @@ class MassRecord:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"item_id": self.item_id, "factors": self.factors.tolist(), "mass": self.mass.tolist(),
-                "slopes": self.slopes.tolist(), "scaled": list(self.scaled), "truth": self.truth, "meta": self.meta}
+        return {
+            "item_id": self.item_id,
+            "factors": self.factors.tolist(),
+            "mass": self.mass.tolist(),
+            "slopes": self.slopes.tolist(),
+            "scaled": list(self.scaled),
+            "truth": self.truth,
+            "meta": self.meta,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MassRecord:
         try:
-            return cls(str(data["item_id"]), np.asarray(data["factors"], dtype=np.float64),
-                       np.asarray(data["mass"], dtype=np.float64), np.asarray(data["slopes"], dtype=np.float64),
-                       [int(i) for i in data["scaled"]], int(data.get("truth", 0)), dict(data.get("meta") or {}))
+            return cls(
+                str(data["item_id"]),
+                np.asarray(data["factors"], dtype=np.float64),
+                np.asarray(data["mass"], dtype=np.float64),
+                np.asarray(data["slopes"], dtype=np.float64),
+                [int(i) for i in data["scaled"]],
+                int(data.get("truth", 0)),
+                dict(data.get("meta") or {}),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ExperimentError(f"malformed attention-mass record: {exc}") from None
 
@@ -79,8 +92,15 @@ def mass_item(lm: Any, item_id: str, prompt: Any, factors: np.ndarray) -> MassRe
     scaled = list(prompt.scaled)
     # [S, heads, 1, tokens] per layer -> mass [S, layers, heads]
     mass = np.stack([cache[name][:, :, 0, scaled].sum(-1).double().numpy() for name in names], axis=1)
-    return MassRecord(item_id, np.asarray(factors, dtype=np.float64), mass, log_odds_slopes(factors, mass), scaled,
-                      prompt.truth, dict(prompt.meta))
+    return MassRecord(
+        item_id,
+        np.asarray(factors, dtype=np.float64),
+        mass,
+        log_odds_slopes(factors, mass),
+        scaled,
+        prompt.truth,
+        dict(prompt.meta),
+    )
 
 
 class AttentionMassExperiment(SweepInsideExperiment):
@@ -97,21 +117,34 @@ class AttentionMassExperiment(SweepInsideExperiment):
     figure = "attention_mass_figure"
     result_type = MassResult
     metrics = (
-        Metric("median_slope", "higher", "median over heads of the slope of logit(mass) against log(c) (1: the bias alone)"),
+        Metric(
+            "median_slope", "higher", "median over heads of the slope of logit(mass) against log(c) (1: the bias alone)"
+        ),
         Metric("share_following", "higher", f"share of heads whose slope lies within {FOLLOWS} of 1"),
         Metric("share_compensating", "lower", f"share of heads whose slope is below {COMPENSATES}"),
     )
 
-
-    def run(self, lm: Any, config: SweepInsideConfig, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, MassRecord]]:
+    def run(
+        self, lm: Any, config: SweepInsideConfig, items: Sequence[Any], context: RunContext
+    ) -> Iterator[tuple[str, MassRecord]]:
         for item in items:
             yield item.id, mass_item(lm, item.id, prompt_of(lm, item, config), config.factors())
 
     def tables(self, result: MassResult) -> dict[str, Table]:
-        rows = [{"item": r.item_id, "factor": float(c), "layer": i, "head": h, "mass": float(r.mass[j, i, h]),
-                 "slope": float(r.slopes[i, h])}
-                for r in result.items for j, c in enumerate(r.factors)
-                for i in range(r.mass.shape[1]) for h in range(r.mass.shape[2])]
+        rows = [
+            {
+                "item": r.item_id,
+                "factor": float(c),
+                "layer": i,
+                "head": h,
+                "mass": float(r.mass[j, i, h]),
+                "slope": float(r.slopes[i, h]),
+            }
+            for r in result.items
+            for j, c in enumerate(r.factors)
+            for i in range(r.mass.shape[1])
+            for h in range(r.mass.shape[2])
+        ]
         return {"results": (["item", "factor", "layer", "head", "mass", "slope"], rows)}
 
     def summary(self, result: MassResult) -> dict[str, Any]:
@@ -122,13 +155,19 @@ class AttentionMassExperiment(SweepInsideExperiment):
         flat = slopes.flatten()
         heads = slopes.shape[1]
         low, high = int(np.nanargmin(flat)), int(np.nanargmax(flat))
-        return {"experiment": result.experiment, "model": result.model, "items": len(result.items),
-                "median_slope": float(np.nanmedian(flat)),
-                "share_following": float(np.mean(np.abs(flat - 1) <= FOLLOWS)),
-                "share_compensating": float(np.mean(flat < COMPENSATES)),
-                "most_compensating_head": f"L{low // heads}H{low % heads}", "min_slope": float(flat[low]),
-                "most_amplifying_head": f"L{high // heads}H{high % heads}", "max_slope": float(flat[high]),
-                "median_slope_by_layer": [round(float(v), 4) for v in np.nanmedian(slopes, axis=1)]}
+        return {
+            "experiment": result.experiment,
+            "model": result.model,
+            "items": len(result.items),
+            "median_slope": float(np.nanmedian(flat)),
+            "share_following": float(np.mean(np.abs(flat - 1) <= FOLLOWS)),
+            "share_compensating": float(np.mean(flat < COMPENSATES)),
+            "most_compensating_head": f"L{low // heads}H{low % heads}",
+            "min_slope": float(flat[low]),
+            "most_amplifying_head": f"L{high // heads}H{high % heads}",
+            "max_slope": float(flat[high]),
+            "median_slope_by_layer": [round(float(v), 4) for v in np.nanmedian(slopes, axis=1)],
+        }
 
 
 EXPERIMENT = AttentionMassExperiment()

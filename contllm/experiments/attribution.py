@@ -31,6 +31,7 @@ DATASETS = ("counting", "events")
 TOKEN_SETS = ("item", "all")
 READOUTS = ("count", "truth", "log-truth")
 
+
 @dataclass
 class AttributionConfig:
     """Options of the attribution experiment.
@@ -72,7 +73,9 @@ class AttributionConfig:
         if self.rule not in RULES:
             raise ExperimentError(f"--rule must be one of {', '.join(RULES)}, got {self.rule!r}")
         if not (isinstance(self.floor, (int, float)) and 0 <= self.floor < 1):
-            raise ExperimentError(f"--floor must be 0 (deletion baseline) or a duration factor in (0, 1), got {self.floor!r}")
+            raise ExperimentError(
+                f"--floor must be 0 (deletion baseline) or a duration factor in (0, 1), got {self.floor!r}"
+            )
         if isinstance(self.first, bool) or not isinstance(self.first, int) or self.first < 0:
             raise ExperimentError(f"--first must be an integer >= 0 (0: every item), got {self.first!r}")
         self.dataset_config()
@@ -145,32 +148,52 @@ class ItemAttribution:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "item_id": self.item_id, "readout": self.readout, "text": self.text,
-            "offsets": [list(o) for o in self.offsets], "tokens": list(self.tokens),
-            "attribution": [float(v) for v in self.attribution], "occlusion": [float(v) for v in self.occlusion],
-            "shrink": [float(v) for v in self.shrink], "span": list(self.span), "full": self.full,
-            "baseline": self.baseline, "start": self.start, "steps": self.steps, "floor": self.floor,
-            "truth": self.truth, "meta": self.meta,
+            "item_id": self.item_id,
+            "readout": self.readout,
+            "text": self.text,
+            "offsets": [list(o) for o in self.offsets],
+            "tokens": list(self.tokens),
+            "attribution": [float(v) for v in self.attribution],
+            "occlusion": [float(v) for v in self.occlusion],
+            "shrink": [float(v) for v in self.shrink],
+            "span": list(self.span),
+            "full": self.full,
+            "baseline": self.baseline,
+            "start": self.start,
+            "steps": self.steps,
+            "floor": self.floor,
+            "truth": self.truth,
+            "meta": self.meta,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ItemAttribution:
         try:
             record = cls(
-                item_id=str(data["item_id"]), readout=str(data["readout"]), text=str(data["text"]),
-                offsets=[(int(a), int(b)) for a, b in data["offsets"]], tokens=[int(i) for i in data["tokens"]],
+                item_id=str(data["item_id"]),
+                readout=str(data["readout"]),
+                text=str(data["text"]),
+                offsets=[(int(a), int(b)) for a, b in data["offsets"]],
+                tokens=[int(i) for i in data["tokens"]],
                 attribution=np.asarray(data["attribution"], dtype=np.float64),
                 occlusion=np.asarray(data["occlusion"], dtype=np.float64),
-                shrink=np.asarray(data["shrink"], dtype=np.float64), span=[int(i) for i in data["span"]],
-                full=float(data["full"]), baseline=float(data["baseline"]), start=float(data["start"]),
-                steps=int(data["steps"]), floor=float(data["floor"]), truth=data.get("truth"),
+                shrink=np.asarray(data["shrink"], dtype=np.float64),
+                span=[int(i) for i in data["span"]],
+                full=float(data["full"]),
+                baseline=float(data["baseline"]),
+                start=float(data["start"]),
+                steps=int(data["steps"]),
+                floor=float(data["floor"]),
+                truth=data.get("truth"),
                 meta=dict(data.get("meta") or {}),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ExperimentError(f"malformed attribution record: {exc}") from None
         k = len(record.tokens)
         if not (len(record.attribution) == len(record.occlusion) == len(record.shrink) == k):
-            raise ExperimentError(f"malformed attribution record {record.item_id}: {k} tokens but values of other lengths")
+            raise ExperimentError(
+                f"malformed attribution record {record.item_id}: {k} tokens but values of other lengths"
+            )
         return record
 
 
@@ -180,8 +203,21 @@ class AttributionResult(Records[ItemAttribution], record=ItemAttribution, key="i
 
 
 TOKEN_COLUMNS = ["item", "index", "token", "in_span", "attribution", "occlusion", "shrink"]
-ITEM_COLUMNS = ["item", "readout", "full", "baseline", "sum_attribution", "completeness_error", "completeness_abs",
-                "tokens", "span_tokens", "precision_attribution", "precision_occlusion", "precision_shrink", "chance"]
+ITEM_COLUMNS = [
+    "item",
+    "readout",
+    "full",
+    "baseline",
+    "sum_attribution",
+    "completeness_error",
+    "completeness_abs",
+    "tokens",
+    "span_tokens",
+    "precision_attribution",
+    "precision_occlusion",
+    "precision_shrink",
+    "chance",
+]
 
 
 def token_rows(result: AttributionResult) -> Iterator[dict[str, Any]]:
@@ -189,18 +225,34 @@ def token_rows(result: AttributionResult) -> Iterator[dict[str, Any]]:
     for r in result.items:
         span = set(r.span)
         for k, j in enumerate(r.tokens):
-            yield {"item": r.item_id, "index": j, "token": r.piece(j), "in_span": j in span,
-                   "attribution": float(r.attribution[k]), "occlusion": float(r.occlusion[k]), "shrink": float(r.shrink[k])}
+            yield {
+                "item": r.item_id,
+                "index": j,
+                "token": r.piece(j),
+                "in_span": j in span,
+                "attribution": float(r.attribution[k]),
+                "occlusion": float(r.occlusion[k]),
+                "shrink": float(r.shrink[k]),
+            }
 
 
 def item_row(r: ItemAttribution) -> dict[str, Any]:
     """One item's numbers (items.csv)."""
-    return {"item": r.item_id, "readout": r.readout, "full": r.full, "baseline": r.baseline,
-            "sum_attribution": float(np.sum(r.attribution)), "completeness_error": r.completeness_error,
-            "completeness_abs": r.completeness_abs, "tokens": len(r.tokens),
-            "span_tokens": int(np.isin(r.tokens, r.span).sum()), "precision_attribution": r.precision(r.attribution),
-            "precision_occlusion": r.precision(r.occlusion), "precision_shrink": r.precision(r.shrink),
-            "chance": r.chance()}
+    return {
+        "item": r.item_id,
+        "readout": r.readout,
+        "full": r.full,
+        "baseline": r.baseline,
+        "sum_attribution": float(np.sum(r.attribution)),
+        "completeness_error": r.completeness_error,
+        "completeness_abs": r.completeness_abs,
+        "tokens": len(r.tokens),
+        "span_tokens": int(np.isin(r.tokens, r.span).sum()),
+        "precision_attribution": r.precision(r.attribution),
+        "precision_occlusion": r.precision(r.occlusion),
+        "precision_shrink": r.precision(r.shrink),
+        "chance": r.chance(),
+    }
 
 
 def line_start(text: str, offsets: Sequence[tuple[int, int]], position: int) -> int:
@@ -228,21 +280,47 @@ class AttributionExperiment(Experiment):
         Option("data", "str", "Dataset file for the --dataset experiment (where it takes --data). [default: built-in]"),
         Option("template", "str", "Prompt template of the --dataset experiment. [default: its own]"),
         Option("chat", "bool", "Wrap prompts in the model's chat template.", flag="--chat/--no-chat"),
-        Option("tokens", "str", "Tokens to attribute: item (from the line holding the span on) or all (all but the first). [default: item]"),
-        Option("readout", "str", "What is attributed: count (E[k] over the digits), truth (P(true count)) or log-truth. [default: count]"),
-        Option("steps", "int", f"Gradient evaluations along the duration path (8-{MAX_STEPS}). [default: {DEFAULT_STEPS}]"),
-        Option("rule", "str", "Quadrature along the path: placed (panels laid out from forward-only samples of f, then checked against f), adaptive or gauss. [default: placed]"),
-        Option("floor", "float", "Start of the path as a duration factor: 0 deletes the tokens (baseline), else in (0, 1). [default: 0]"),
-        Option("first", "int", "Items: the dataset's first N (balanced over category/kind and n); 0 for all. [default: 8]"),
+        Option(
+            "tokens",
+            "str",
+            "Tokens to attribute: item (from the line holding the span on) or all (all but the first). [default: item]",
+        ),
+        Option(
+            "readout",
+            "str",
+            "What is attributed: count (E[k] over the digits), truth (P(true count)) or log-truth. [default: count]",
+        ),
+        Option(
+            "steps", "int", f"Gradient evaluations along the duration path (8-{MAX_STEPS}). [default: {DEFAULT_STEPS}]"
+        ),
+        Option(
+            "rule",
+            "str",
+            "Quadrature along the path: placed (panels laid out from forward-only samples of f, then checked against f), adaptive or gauss. [default: placed]",
+        ),
+        Option(
+            "floor",
+            "float",
+            "Start of the path as a duration factor: 0 deletes the tokens (baseline), else in (0, 1). [default: 0]",
+        ),
+        Option(
+            "first", "int", "Items: the dataset's first N (balanced over category/kind and n); 0 for all. [default: 8]"
+        ),
     )
     engine = shardable = True
     result_type = AttributionResult
     metrics = (
-        Metric("max_completeness_error", "lower",
-               "largest |sum of attributions - (f(prompt) - f(baseline))| relative to |f(prompt) - f(baseline)|"),
+        Metric(
+            "max_completeness_error",
+            "lower",
+            "largest |sum of attributions - (f(prompt) - f(baseline))| relative to |f(prompt) - f(baseline)|",
+        ),
         Metric("mean_completeness_error", "lower", "the same, mean over items"),
-        Metric("mean_precision_attribution", "higher",
-               "share of the k tokens of largest |attribution| inside the scaled span (k: its tokens), mean over items"),
+        Metric(
+            "mean_precision_attribution",
+            "higher",
+            "share of the k tokens of largest |attribution| inside the scaled span (k: its tokens), mean over items",
+        ),
     )
 
     def items(self, config: AttributionConfig) -> Sequence[Any]:
@@ -272,23 +350,50 @@ class AttributionExperiment(Experiment):
             readout = Readout.label(sets, str(plan.truth), log=config.readout == "log-truth")
         return signal, span, tokens, readout, plan
 
-    def run(self, lm: Any, config: AttributionConfig, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, ItemAttribution]]:
+    def run(
+        self, lm: Any, config: AttributionConfig, items: Sequence[Any], context: RunContext
+    ) -> Iterator[tuple[str, ItemAttribution]]:
         for item in items:
             signal, span, tokens, readout, plan = self.plan(lm, item, config)
-            found = attribute(lm, signal, readout, tokens, steps=config.steps, floor=config.floor, rule=config.rule,
-                              max_batch_tokens=context.max_batch_tokens)
+            found = attribute(
+                lm,
+                signal,
+                readout,
+                tokens,
+                steps=config.steps,
+                floor=config.floor,
+                rule=config.rule,
+                max_batch_tokens=context.max_batch_tokens,
+            )
             _, changes = occlusion(lm, signal, readout, tokens, factors=(0.0, 0.5), evaluate=context.evaluate)
             assert signal.text is not None and signal.offsets is not None
-            yield item.id, ItemAttribution(
-                item_id=item.id, readout=readout.name, text=signal.text, offsets=list(signal.offsets), tokens=tokens,
-                attribution=found.attributions, occlusion=changes[0], shrink=changes[1], span=span,
-                full=found.full, baseline=found.baseline, start=found.start, steps=config.steps, floor=config.floor,
-                truth=plan.truth, meta={**plan.meta, "rule": found.meta["rule"], "panels": found.meta["panels"]},
+            yield (
+                item.id,
+                ItemAttribution(
+                    item_id=item.id,
+                    readout=readout.name,
+                    text=signal.text,
+                    offsets=list(signal.offsets),
+                    tokens=tokens,
+                    attribution=found.attributions,
+                    occlusion=changes[0],
+                    shrink=changes[1],
+                    span=span,
+                    full=found.full,
+                    baseline=found.baseline,
+                    start=found.start,
+                    steps=config.steps,
+                    floor=config.floor,
+                    truth=plan.truth,
+                    meta={**plan.meta, "rule": found.meta["rule"], "panels": found.meta["panels"]},
+                ),
             )
 
     def tables(self, result: AttributionResult) -> dict[str, Table]:
-        return {"results": (TOKEN_COLUMNS, token_rows(result)),
-                "items": (ITEM_COLUMNS, [item_row(r) for r in result.items])}
+        return {
+            "results": (TOKEN_COLUMNS, token_rows(result)),
+            "items": (ITEM_COLUMNS, [item_row(r) for r in result.items]),
+        }
 
     def summary(self, result: AttributionResult) -> dict[str, Any]:
         """Worst and mean completeness error, mean precision@k of each measure, and their agreement."""
@@ -313,8 +418,12 @@ class AttributionExperiment(Experiment):
 
     def report_columns(self, result: AttributionResult) -> dict[str, Any]:
         config = result.config
-        return {"dataset": config.get("dataset"), "tokens": config.get("tokens"), "readout": config.get("readout"),
-                "steps": config.get("steps")}
+        return {
+            "dataset": config.get("dataset"),
+            "tokens": config.get("tokens"),
+            "readout": config.get("readout"),
+            "steps": config.get("steps"),
+        }
 
     def summary_figure(self, result: AttributionResult) -> Any:
         from contllm.attribution import render

@@ -88,8 +88,9 @@ class Records(Generic[R]):
     record_type: ClassVar[type] = dict
     key: ClassVar[str] = "records"
 
-    def __init_subclass__(cls, record: type | None = None, key: str = "records", one: str | None = None,
-                          **rest: Any) -> None:
+    def __init_subclass__(
+        cls, record: type | None = None, key: str = "records", one: str | None = None, **rest: Any
+    ) -> None:
         super().__init_subclass__(**rest)
         if record is not None:
             cls.record_type = record
@@ -109,16 +110,26 @@ class Records(Generic[R]):
     def to_dict(self) -> dict[str, Any]:
         """experiment, model, config, the fields a subclass adds and the records under ``key``, as JSON-able data."""
         added = {name: getattr(self, name) for name in self.extra_fields()}
-        return {"experiment": self.experiment, "model": self.model, "config": self.config, **added,
-                self.key: [r.to_dict() for r in self.records]}  # type: ignore[attr-defined]
+        return {
+            "experiment": self.experiment,
+            "model": self.model,
+            "config": self.config,
+            **added,
+            self.key: [r.to_dict() for r in self.records],
+        }  # type: ignore[attr-defined]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Any:
         """The result from :meth:`to_dict`'s data; ExperimentError naming what is missing or malformed."""
         try:
             extra = {name: data[name] for name in cls.extra_fields() if name in data}
-            return cls(str(data["experiment"]), str(data["model"]), dict(data["config"]),
-                       [cls.record_type.from_dict(r) for r in data[cls.key]], **extra)  # type: ignore[attr-defined]
+            return cls(
+                str(data["experiment"]),
+                str(data["model"]),
+                dict(data["config"]),
+                [cls.record_type.from_dict(r) for r in data[cls.key]],
+                **extra,
+            )  # type: ignore[attr-defined]
         except (KeyError, TypeError) as exc:
             raise ExperimentError(f"malformed results file: missing {exc}") from None
 
@@ -240,7 +251,9 @@ class Experiment:
 
     def _result_type(self) -> type[Records[Any]]:
         if self.result_type is None:
-            raise NotImplementedError(f"{type(self).__name__} declares no result_type; override decode, result and load_result")
+            raise NotImplementedError(
+                f"{type(self).__name__} declares no result_type; override decode, result and load_result"
+            )
         return self.result_type
 
     def tables(self, result: Any) -> dict[str, Table]:

@@ -96,8 +96,10 @@ class BooleanConfig:
 def boolean_items(config: BooleanConfig, table: BooleanTable | None = None) -> list[BooleanItem]:
     """Every unordered operator pair (in dataset order) times every input pair."""
     table = table or load_boolean()
-    ops = [table.operators[table.operators.index(o.upper())] if o.upper() in table.operators else o
-           for o in (config.operators or table.operators)]
+    ops = [
+        table.operators[table.operators.index(o.upper())] if o.upper() in table.operators else o
+        for o in (config.operators or table.operators)
+    ]
     items = []
     for first, second in itertools.combinations(ops, 2):
         for a, b in table.pairs:
@@ -143,7 +145,9 @@ def plan_item(lm: ContinuousLM, item: BooleanItem, config: BooleanConfig) -> Swe
 class BooleanExperiment(SweepExperiment):
     name = "boolean"
     metrics = (
-        Metric("accuracy_at_alpha_0", "higher", "truth-table accuracy (P(1) vs P(0)) of the first operator, at alpha 0"),
+        Metric(
+            "accuracy_at_alpha_0", "higher", "truth-table accuracy (P(1) vs P(0)) of the first operator, at alpha 0"
+        ),
         Metric("accuracy_at_alpha_1", "higher", "truth-table accuracy of the second operator, at alpha 1"),
         Metric("mean_total_variation_p1", "lower", "total variation of P(1) over the alpha sweep, mean over items"),
         Metric("mean_max_jump_p1", "lower", "largest change of P(1) between neighbouring alphas, mean over items"),
@@ -183,7 +187,10 @@ class BooleanExperiment(SweepExperiment):
             p = s.at(at)
             return int(p[s.labels.index("1")] > p[s.labels.index("0")]) == int(s.meta[key])
 
-        for at, key, name in ((0.0, "truth_first", "accuracy_at_alpha_0"), (1.0, "truth_second", "accuracy_at_alpha_1")):
+        for at, key, name in (
+            (0.0, "truth_first", "accuracy_at_alpha_0"),
+            (1.0, "truth_second", "accuracy_at_alpha_1"),
+        ):
             marks = [correct(s, at, key) for s in sweeps]
             if all(m is not None for m in marks):
                 out[name] = float(np.mean(marks))

@@ -30,8 +30,21 @@ from contllm.lm import ContinuousLM
 #: times, in a shuffled order), then the item. Small models do not count with a zero-shot
 #: question; how their counts track the repetition with this format is measured in the README.
 SHOTS = (
-    ("cat", 4), ("dog", 3), ("sun", 3), ("box", 5), ("pen", 6), ("cup", 3), ("hat", 5), ("key", 5),
-    ("map", 2), ("bag", 6), ("car", 4), ("egg", 6), ("fan", 2), ("jar", 4), ("log", 2),
+    ("cat", 4),
+    ("dog", 3),
+    ("sun", 3),
+    ("box", 5),
+    ("pen", 6),
+    ("cup", 3),
+    ("hat", 5),
+    ("key", 5),
+    ("map", 2),
+    ("bag", 6),
+    ("car", 4),
+    ("egg", 6),
+    ("fan", 2),
+    ("jar", 4),
+    ("log", 2),
 )
 DEFAULT_TEMPLATE = "".join(f'"{" ".join([w] * n)}" contains {n} words.\n' for w, n in SHOTS) + '"{words}" contains '
 
@@ -51,8 +64,12 @@ DATA_SCHEMA = COUNTING_SCHEMA
 
 
 @dataclass
-class CountingConfig(DurationSweepConfig, DataFileOption,
-                     prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("words",)), paper=QUESTION_TEMPLATE):
+class CountingConfig(
+    DurationSweepConfig,
+    DataFileOption,
+    prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("words",)),
+    paper=QUESTION_TEMPLATE,
+):
     """Options of the counting experiment.
 
     template: prompt with a {words} field (the repeated word) and optionally {word},

@@ -101,8 +101,10 @@ class CountingInterpolationConfig:
 def pair_items(config: CountingInterpolationConfig) -> list[PairItem]:
     """One item per pair of :data:`PAIRS`, with ``config``'s n and moved."""
     assert config.moved is not None
-    return [PairItem(f"{word}-{other}", word, other, article, same, config.n, config.moved)
-            for word, other, article, same in PAIRS]
+    return [
+        PairItem(f"{word}-{other}", word, other, article, same, config.n, config.moved)
+        for word, other, article, same in PAIRS
+    ]
 
 
 def plan_item(lm: Any, item: PairItem, config: CountingInterpolationConfig) -> SweepPlan:
@@ -110,8 +112,11 @@ def plan_item(lm: Any, item: PairItem, config: CountingInterpolationConfig) -> S
     ends = []
     kept = item.n - item.moved
     for last in (item.word, item.other):
-        rendered = render(config.resolved_template(), {"words": [item.word] * kept + [last] * item.moved,
-                                                       "article": item.article}, required=("words",))
+        rendered = render(
+            config.resolved_template(),
+            {"words": [item.word] * kept + [last] * item.moved, "article": item.article},
+            required=("words",),
+        )
         spans = rendered.spans["words"][kept:]
         signal = Signal.from_text(lm.tokenizer, rendered.text).embedded(lm.model.get_input_embeddings())
         ends.append((signal, (spans[0][0], spans[-1][1])))
@@ -122,9 +127,17 @@ def plan_item(lm: Any, item: PairItem, config: CountingInterpolationConfig) -> S
     except SignalError as err:
         raise ExperimentError(f"item {item.id}: {err}") from None
     first, second = item.counts
-    meta = {"word": item.word, "other": item.other, "article": item.article, "n": item.n, "moved": item.moved,
-            "count_first": first, "count_second": second, "method": config.method,
-            **ends_provenance(lm.tokenizer, sa, span_a, sb, span_b)}
+    meta = {
+        "word": item.word,
+        "other": item.other,
+        "article": item.article,
+        "n": item.n,
+        "moved": item.moved,
+        "count_first": first,
+        "count_second": second,
+        "method": config.method,
+        **ends_provenance(lm.tokenizer, sa, span_a, sb, span_b),
+    }
     return SweepPlan(item.id, alphas, signals, digits(lm.tokenizer), truth=str(first), meta=meta)
 
 
@@ -150,9 +163,14 @@ class CountingInterpolationExperiment(SweepExperiment):
     )
     metrics = (
         Metric("accuracy_at_alpha_0", "higher", "share of pairs whose most probable digit at alpha 0 is n"),
-        Metric("accuracy_at_alpha_1", "higher", "share of pairs whose most probable digit at alpha 1 is the count left"),
-        Metric("mean_spearman_implied_vs_alpha", "lower",
-               "Spearman correlation of the implied count with alpha over the pairs whose count falls (-1: falls steadily)"),
+        Metric(
+            "accuracy_at_alpha_1", "higher", "share of pairs whose most probable digit at alpha 1 is the count left"
+        ),
+        Metric(
+            "mean_spearman_implied_vs_alpha",
+            "lower",
+            "Spearman correlation of the implied count with alpha over the pairs whose count falls (-1: falls steadily)",
+        ),
         Metric("mean_variation", "lower", "largest excursion of a digit's probability beyond its ends' range, mean"),
     )
     x_label = "alpha"
@@ -171,8 +189,13 @@ class CountingInterpolationExperiment(SweepExperiment):
     def summary(self, result: ExperimentResult) -> dict[str, Any]:
         """Accuracy at both ends, the implied count's rank correlation with alpha, the variation of the digit curves."""
         sweeps, out = summary_start(result)
-        for at, key, name in ((0.0, "count_first", "accuracy_at_alpha_0"), (1.0, "count_second", "accuracy_at_alpha_1")):
-            marks = [s.labels[int(np.argmax(s.at(at)))] == str(s.meta[key]) for s in sweeps if np.isclose(s.x, at).any()]
+        for at, key, name in (
+            (0.0, "count_first", "accuracy_at_alpha_0"),
+            (1.0, "count_second", "accuracy_at_alpha_1"),
+        ):
+            marks = [
+                s.labels[int(np.argmax(s.at(at)))] == str(s.meta[key]) for s in sweeps if np.isclose(s.x, at).any()
+            ]
             if len(marks) == len(sweeps):
                 out[name] = float(np.mean(marks))
         falling = [s for s in sweeps if s.meta["count_second"] != s.meta["count_first"] and len(s.x) > 1]
@@ -198,8 +221,12 @@ def summary_figure(result: ExperimentResult) -> Any:
         for j, label in enumerate(s.labels):
             ax.plot(s.x, s.probs[:, j], "-", lw=2.4 if label in wanted else 1.0, color=colors(j % 10), label=label)
         ax.plot(s.x, other_tokens(s), "--", color="0.3", lw=1.6, label="other tokens")
-        ax.set(xlabel=f"alpha ({s.meta.get('word')} -> {s.meta.get('other')})", ylabel="probability", ylim=(-0.02, 1.02),
-               title=f"{s.item_id}: count {s.meta.get('count_first')} -> {s.meta.get('count_second')}")
+        ax.set(
+            xlabel=f"alpha ({s.meta.get('word')} -> {s.meta.get('other')})",
+            ylabel="probability",
+            ylim=(-0.02, 1.02),
+            title=f"{s.item_id}: count {s.meta.get('count_first')} -> {s.meta.get('count_second')}",
+        )
         ax.title.set_fontsize(9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, ncol=2)

@@ -58,9 +58,13 @@ class EquivalenceConfig(CountingConfig):
                 f"the duration range {self.low:g},{self.high:g} must hold 1 (the plain prompts every cell is compared with)"
             )
         if isinstance(self.max_copies, bool) or not 1 <= self.max_copies <= MOST_COPIES:
-            raise ExperimentError(f"--max-copies must be between 1 and {MOST_COPIES} (digits are read out), got {self.max_copies}")
+            raise ExperimentError(
+                f"--max-copies must be between 1 and {MOST_COPIES} (digits are read out), got {self.max_copies}"
+            )
         if isinstance(self.per_category, bool) or not 1 <= self.per_category <= 10:
-            raise ExperimentError(f"--per-category must be between 1 and 10 (words per category), got {self.per_category}")
+            raise ExperimentError(
+                f"--per-category must be between 1 and 10 (words per category), got {self.per_category}"
+            )
 
     def copies(self) -> np.ndarray:
         """The copies m [M]: 1..max_copies."""
@@ -193,8 +197,17 @@ def measures(grid: Grid) -> dict[str, float]:
     }
 
 
-MEASURES = ("slope", "r2", "spearman_product", "spearman_copies", "mae_product", "kl_product",
-            "kl_same_copies", "argmax_agreement", "accuracy_at_1")
+MEASURES = (
+    "slope",
+    "r2",
+    "spearman_product",
+    "spearman_copies",
+    "mae_product",
+    "kl_product",
+    "kl_same_copies",
+    "argmax_agreement",
+    "accuracy_at_1",
+)
 
 
 @dataclass
@@ -217,8 +230,15 @@ class EquivalenceResult(Records[Grid], record=Grid, key="grids", one="grid"):
             for i, m in enumerate(g.copies):
                 for j, d in enumerate(g.durations):
                     for k, label in enumerate(g.labels):
-                        yield {"item": g.item_id, "word": g.meta.get("word", ""), "copies": int(m), "duration": float(d),
-                               "copies_x_duration": float(m * d), "label": label, "probability": float(g.probs[i, j, k])}
+                        yield {
+                            "item": g.item_id,
+                            "word": g.meta.get("word", ""),
+                            "copies": int(m),
+                            "duration": float(d),
+                            "copies_x_duration": float(m * d),
+                            "label": label,
+                            "probability": float(g.probs[i, j, k]),
+                        }
 
 
 ROW_COLUMNS = ["item", "word", "copies", "duration", "copies_x_duration", "label", "probability"]
@@ -285,15 +305,18 @@ class EquivalenceExperiment(Experiment):
     def items(self, config: EquivalenceConfig) -> Sequence[CountingItem]:
         return select_words(load_counting(), config.per_category)
 
-    def run(self, lm: Any, config: EquivalenceConfig, items: Sequence[CountingItem],
-            context: RunContext) -> Iterator[tuple[str, Grid]]:
+    def run(
+        self, lm: Any, config: EquivalenceConfig, items: Sequence[CountingItem], context: RunContext
+    ) -> Iterator[tuple[str, Grid]]:
         for item in items:
             yield item.id, run_grid(lm, item, config, context.evaluate)
 
     def tables(self, result: EquivalenceResult) -> dict[str, Table]:
         per_item = [{"item": g.item_id, "word": g.meta.get("word", ""), **measures(g)} for g in result.grids]
-        return {"results": (ROW_COLUMNS, result.rows()),
-                "items": (["item", "word", *MEASURES, "integer_cells"], per_item)}
+        return {
+            "results": (ROW_COLUMNS, result.rows()),
+            "items": (["item", "word", *MEASURES, "integer_cells"], per_item),
+        }
 
     def summary(self, result: EquivalenceResult) -> dict[str, Any]:
         """The per-word :func:`measures` averaged over words, prefixed ``mean_``."""
@@ -310,8 +333,12 @@ class EquivalenceExperiment(Experiment):
         grid = result.common()[0] if result.grids else None
         if grid is None:
             return {"d_min": None, "d_max": None, "samples": None, "max_copies": None}
-        return {"d_min": float(grid.durations.min()), "d_max": float(grid.durations.max()),
-                "samples": len(grid.durations), "max_copies": int(grid.copies.max())}
+        return {
+            "d_min": float(grid.durations.min()),
+            "d_max": float(grid.durations.max()),
+            "samples": len(grid.durations),
+            "max_copies": int(grid.copies.max()),
+        }
 
     def summary_figure(self, result: EquivalenceResult) -> Any:
         return summary_figure(result)
@@ -338,8 +365,9 @@ def heatmap(ax: Any, grid: Grid, implied: np.ndarray, title: str) -> Any:
     """E[k] [M, D] over (d, m) on ``ax``, its contours at the integers (solid) and m·d = 1..M (dashed)."""
     copies, durations = grid.copies.astype(float), grid.durations
     top = float(copies.max())
-    mesh = ax.pcolormesh(_edges(durations), _edges(copies), implied, cmap="viridis", vmin=0, vmax=max(top, 1.0),
-                         shading="flat")
+    mesh = ax.pcolormesh(
+        _edges(durations), _edges(copies), implied, cmap="viridis", vmin=0, vmax=max(top, 1.0), shading="flat"
+    )
     if len(copies) > 1 and len(durations) > 1:
         levels = np.arange(1, int(top) + 1)
         lines = ax.contour(durations, copies, implied, levels=levels, colors="white", linewidths=1.2)
@@ -348,7 +376,9 @@ def heatmap(ax: Any, grid: Grid, implied: np.ndarray, title: str) -> Any:
     for c in range(1, int(top) + 1):
         ax.plot(d, c / d, "--", color="orange", lw=1)
         if c / d[-1] >= _edges(copies)[0]:
-            ax.text(d[-1], c / d[-1], f" m·d={c}", color="darkorange", fontsize=6, va="center", ha="left", clip_on=False)
+            ax.text(
+                d[-1], c / d[-1], f" m·d={c}", color="darkorange", fontsize=6, va="center", ha="left", clip_on=False
+            )
     ax.set_xlim(_edges(durations)[0], _edges(durations)[-1])
     ax.set_ylim(_edges(copies)[0], _edges(copies)[-1])
     ax.set_xlabel("duration per copy d")
@@ -364,8 +394,10 @@ def item_figure(result: EquivalenceResult, grid: Grid) -> Any:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.8), constrained_layout=True)
     numbers = measures(grid)
-    title = (f"{result.model} · equivalence · {grid.item_id} \"{grid.meta.get('word', '')}\"\n"
-             f"white: E[k] contours; dashed: m·d = const; KL to m·d plain copies {numbers['kl_product']:.3g}")
+    title = (
+        f'{result.model} · equivalence · {grid.item_id} "{grid.meta.get("word", "")}"\n'
+        f"white: E[k] contours; dashed: m·d = const; KL to m·d plain copies {numbers['kl_product']:.3g}"
+    )
     fig.colorbar(heatmap(ax, grid, grid.implied(), title), ax=ax, label="implied count E[k]")
     return fig
 
@@ -377,8 +409,11 @@ def summary_figure(result: EquivalenceResult) -> Any:
     grid, implied = result.mean_implied()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
     n = len(result.common())
-    fig.colorbar(heatmap(left, grid, implied, f"mean E[k] over {n} words (dashed: m·d = const)"), ax=left,
-                 label="implied count E[k]")
+    fig.colorbar(
+        heatmap(left, grid, implied, f"mean E[k] over {n} words (dashed: m·d = const)"),
+        ax=left,
+        label="implied count E[k]",
+    )
     product = grid.product()
     colors = plt.get_cmap("viridis")
     for i, m in enumerate(grid.copies):

@@ -65,8 +65,7 @@ DATA_SCHEMA = EVENTS_SCHEMA
 
 
 @dataclass
-class EventsConfig(DurationSweepConfig, DataFileOption,
-                   prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("events",))):
+class EventsConfig(DurationSweepConfig, DataFileOption, prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("events",))):
     """Options of the event-duration experiment.
 
     template: prompt with an {events} field (the passage, one span per event) and
@@ -107,7 +106,7 @@ def paper_prompt(item: EventItem) -> Rendered:
         question = PAPER_QUESTION.format(question=item.question, answer_prefix=item.answer_prefix)
         item = replace(item, prompt=passage + ("\n\n" if tutorial else "\n") + question)
     text, spans = str(item.prompt), item.event_spans()
-    spans = [(a - 2 if text[max(0, a - 2):a] == "- " else a, b) for a, b in spans]
+    spans = [(a - 2 if text[max(0, a - 2) : a] == "- " else a, b) for a, b in spans]
     return Rendered(text, {"events": spans, "block": [(spans[0][0], spans[-1][1])]})
 
 
@@ -144,7 +143,11 @@ class EventsExperiment(CountingSweepExperiment):
     Config = EventsConfig
     options = (
         *sweep_options("the duration factor c", "0.1,1.0", 10),
-        Option("event", "int", "Scale only this event (1-based; passages with fewer events are left out); 0 scales all. [default: 0]"),
+        Option(
+            "event",
+            "int",
+            "Scale only this event (1-based; passages with fewer events are left out); 0 scales all. [default: 0]",
+        ),
         Option("data", "str", data_option_help(DATA_SCHEMA)),
         PROTOCOL,
     )

@@ -27,6 +27,7 @@ class Compared(NamedTuple):
     result: Result
     summary: dict[str, Any]
 
+
 def _x_name(result: Result) -> str:
     return "duration factor c" if result.x_label == "factor" else "interpolation alpha"
 
@@ -103,12 +104,19 @@ def threshold_panel(ax: Any, sweeps: Sequence[Sweep]) -> None:
     curves = [metrics.count_curve(s) for s in sweeps]
     h = metrics.default_thresholds()
     observed = metrics.observed_time_sensitivity(curves, h)
-    ax.plot(h, observed, "-", color="tab:blue", lw=2,
-            label=f"observed (AUC {metrics.area_under_curve(h, observed):.3f})")
+    ax.plot(
+        h, observed, "-", color="tab:blue", lw=2, label=f"observed (AUC {metrics.area_under_curve(h, observed):.3f})"
+    )
     if all(np.isclose(s.x, 1.0).any() for s in sweeps):
         counterfactual = metrics.counterfactual_time_sensitivity(curves, h)
-        ax.plot(h, counterfactual, "--", color="tab:orange", lw=2,
-                label=f"counterfactual, c = 1 only (AUC {metrics.area_under_curve(h, counterfactual):.3f})")
+        ax.plot(
+            h,
+            counterfactual,
+            "--",
+            color="tab:orange",
+            lw=2,
+            label=f"counterfactual, c = 1 only (AUC {metrics.area_under_curve(h, counterfactual):.3f})",
+        )
     iou = metrics.iou_curve(curves, h)
     ax.plot(h, iou, ":", color="tab:green", lw=2, label=f"IoU with 1..n (AUC {metrics.area_under_curve(h, iou):.3f})")
     ax.set(xlabel="peak threshold h", ylabel="share", xlim=(0, 1), ylim=(-0.02, 1.02))
@@ -197,11 +205,19 @@ def count_comparison(runs: Sequence[Compared]) -> Any:
         label = "count proportional to time (n·c; n−1+c with one event scaled)" if n == 0 else None
         implied.plot(x, ideal, ":", color="0.4", lw=1.2, label=label)
     x_name = "duration factor c"
-    sens.set(xlabel="threshold h", ylabel="share of counts 1..n found", ylim=(-0.02, 1.02),
-             title="time sensitivity (solid: observed on the sweep; dashed: at c = 1)")
+    sens.set(
+        xlabel="threshold h",
+        ylabel="share of counts 1..n found",
+        ylim=(-0.02, 1.02),
+        title="time sensitivity (solid: observed on the sweep; dashed: at c = 1)",
+    )
     implied.set(xlabel=x_name, ylabel="mean implied count E[k]", title="implied count E[k] over digits")
-    acc.set(xlabel=x_name, ylabel="share of items with argmax digit = n", ylim=(-0.02, 1.02),
-            title="accuracy of the argmax digit")
+    acc.set(
+        xlabel=x_name,
+        ylabel="share of items with argmax digit = n",
+        ylim=(-0.02, 1.02),
+        title="accuracy of the argmax digit",
+    )
     for ax in (sens, implied, acc):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -228,15 +244,22 @@ def boolean_comparison(runs: Sequence[Compared]) -> Any:
         for ax, kind in ((flips, "flips"), (stays, "stays")):
             for (before, after), style in zip(TRANSITIONS[kind], ("-", "--")):
                 chosen = [
-                    s for s in r.result.sweeps
+                    s
+                    for s in r.result.sweeps
                     if (int(s.meta.get("truth_first", -1)), int(s.meta.get("truth_second", -1))) == (before, after)
                 ]
                 if not chosen:
                     continue
                 x, same = _common_grid(chosen)
                 share = np.nanmean([_share_of_one(s) for s in same], axis=0)
-                ax.plot(x, share, style, color=color, lw=1.8,
-                        label=f"{r.label}: {before} → {after} ({_count_items(len(same))})")
+                ax.plot(
+                    x,
+                    share,
+                    style,
+                    color=color,
+                    lw=1.8,
+                    label=f"{r.label}: {before} → {after} ({_count_items(len(same))})",
+                )
     width = 0.8 / len(runs)
     positions = np.arange(2)
     for k, r in enumerate(runs):
@@ -245,19 +268,145 @@ def boolean_comparison(runs: Sequence[Compared]) -> Any:
         offset = positions - 0.4 + width * (k + 0.5)
         bars.bar(offset, heights, width, color=colors(k % 10), label=r.label)
         for xpos, v in zip(offset, values):
-            bars.annotate("n/a" if v is None else f"{v:.2f}", (xpos, 0 if v is None else v),
-                          ha="center", va="bottom", fontsize=7)
+            bars.annotate(
+                "n/a" if v is None else f"{v:.2f}", (xpos, 0 if v is None else v), ha="center", va="bottom", fontsize=7
+            )
     bars.set_xticks(positions, ["alpha = 0\n(first operator)", "alpha = 1\n(second operator)"])
     # Headroom above 1 keeps the legend off the bars.
-    bars.set(ylabel="truth-table accuracy (P(1) vs P(0))", ylim=(0, 1.3), yticks=np.linspace(0, 1, 6),
-             title="truth-table accuracy at the ends")
+    bars.set(
+        ylabel="truth-table accuracy (P(1) vs P(0))",
+        ylim=(0, 1.3),
+        yticks=np.linspace(0, 1, 6),
+        title="truth-table accuracy at the ends",
+    )
     bars.legend(fontsize=7, loc="upper center", ncol=min(len(runs), 3))
     for ax, kind in ((flips, "flips"), (stays, "stays")):
-        ax.set(xlabel="interpolation alpha", ylabel="mean P(1) / (P(0) + P(1))", ylim=(-0.02, 1.02),
-               title=f"items whose truth value {kind} (first → second operator)")
+        ax.set(
+            xlabel="interpolation alpha",
+            ylabel="mean P(1) / (P(0) + P(1))",
+            ylim=(-0.02, 1.02),
+            title=f"items whose truth value {kind} (first → second operator)",
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     for ax in (flips, stays, bars):
         ax.title.set_fontsize(9)
     bars.grid(alpha=0.3, axis="y")
     return _titled(fig, runs[0].result.experiment, [r.label for r in runs])
+
+
+# ------------------------------------------------------------------------------ sums
+
+
+def read_share(record: Any) -> np.ndarray:
+    """(implied sum - b) / a [S]: how much of the scaled number the sum holds (c on the line; nan when a = 0)."""
+    if record.scaled == 0:
+        return np.full(len(record.x), np.nan)
+    return (record.implied() - record.other) / record.scaled
+
+
+def sums_item_figure(result: Any, record: Any) -> Any:
+    """A sums problem: the implied sum and the greedy answer against c with the line a·c + b; the first digit below."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 7), sharex=True, constrained_layout=True)
+    top.plot(record.x, record.implied(), "k-o", ms=3, label="implied sum")
+    top.plot(record.x, record.greedy(), "s", color="tab:blue", ms=4, alpha=0.7, label="greedy answer")
+    top.plot(record.x, record.line(), "--", color="tab:orange", label=f"{record.scaled}·c + {record.other}")
+    top.axhline(record.truth, color="0.5", ls=":", lw=1, label=f"true sum {record.truth}")
+    top.set_ylabel("sum")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    colors = plt.get_cmap("tab10")
+    first = record.first_digit()
+    for j, label in enumerate(record.labels):
+        bold = label == str(record.truth)[0]
+        bottom.plot(record.x, first[:, j], "-", lw=2.6 if bold else 1.2, color=colors(j), label=label)
+    bottom.set(xlabel="duration factor c of the scaled number", ylabel="P(first digit)", ylim=(-0.02, 1.02))
+    bottom.grid(alpha=0.3)
+    bottom.legend(fontsize=7, ncol=5, title="first digit (true one bold)", title_fontsize=7)
+    problem = str(record.meta.get("problem", ""))
+    top.set_title(f"{result.model} · sums · {record.item_id}: {record.scaled} scaled\n{problem[:110]}", fontsize=9)
+    return fig
+
+
+def sums_summary_figure(result: Any, outcomes: Sequence[dict[str, bool]], names: Sequence[str]) -> Any:
+    """Across problems: how much of the scaled number the implied sum holds, and which answers are written, against c;
+    the share of problems per outcome (``outcomes``: each record's valid, successful, strongly and completely successful)."""
+    x, records = result.common()
+    fig, (left, right, rates) = plt.subplots(1, 3, figsize=(17, 4.8), constrained_layout=True)
+    valid = [o for o in outcomes if o["valid"]]
+    values = [np.mean([o["valid"] for o in outcomes])] + [
+        np.mean([o[k] for o in valid]) if valid else np.nan for k in names[1:]
+    ]
+    rates.bar(range(4), values, color=["0.5", "tab:blue", "tab:green", "tab:purple"])
+    for k, v in enumerate(values):
+        rates.annotate(
+            "n/a" if not np.isfinite(v) else f"{v:.2f}",
+            (k, 0 if not np.isfinite(v) else v),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    rates.set_xticks(range(4), ["valid\n(of all)", "successful\n(of valid)", "strongly", "completely"])
+    rates.set(ylim=(0, 1.1), ylabel="share of problems", title=f"outcomes ({len(valid)} of {len(outcomes)} valid)")
+    shares = np.array([read_share(r) for r in records])
+    for row in shares:
+        left.plot(x, row, "-", color="0.8", lw=0.8)
+    low, median, high = np.nanpercentile(shares, [25, 50, 75], axis=0)
+    left.fill_between(x, low, high, color="0.4", alpha=0.25, label="25-75% of problems")
+    left.plot(x, median, "k-o", ms=3, lw=2, label=f"median over {len(records)} problems")
+    left.plot(x, x, "--", color="tab:orange", label="read as c times the number (a·c + b)")
+    # An answer with a digit too many puts a problem far off the scale; the median keeps its place.
+    left.set(
+        xlabel="duration factor c of the scaled number a",
+        ylabel="(implied sum − b) / a",
+        ylim=(-1.0, 3.0),
+        title="share of the scaled number in the implied sum (clipped to -1..3)",
+    )
+    greedy = np.array([r.greedy() for r in records])
+    truth = np.array([[r.truth] for r in records])
+    other = np.array([[r.other] for r in records])
+    right.plot(x, np.mean(greedy == truth, axis=0), "-o", ms=3, label="greedy answer = a + b")
+    right.plot(x, np.mean(greedy == other, axis=0), "-s", ms=3, label="greedy answer = b (a left out)")
+    right.set(
+        xlabel="duration factor c of the scaled number a",
+        ylabel="share of problems",
+        ylim=(-0.02, 1.02),
+        title="answers written",
+    )
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in (left, right, rates):
+        ax.title.set_fontsize(9)
+    fig.suptitle(f"{result.model} · sums · {len(result.records)} problems", fontsize=12)
+    return fig
+
+
+def sums_comparison_figure(results: Sequence[tuple[str, Any]]) -> Any:
+    """Runs side by side: the median share of the scaled number and the accuracy against c."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
+    colors = plt.get_cmap("tab10")
+    for k, (label, result) in enumerate(results):
+        x, records = result.common()
+        left.plot(
+            x,
+            np.nanmedian([read_share(r) for r in records], axis=0),
+            "-o",
+            ms=3,
+            color=colors(k % 10),
+            label=f"{label} ({len(records)} problems)",
+        )
+        right.plot(
+            x, np.mean([r.greedy() == r.truth for r in records], axis=0), "-o", ms=3, color=colors(k % 10), label=label
+        )
+    grid = np.concatenate([result.common()[0] for _, result in results])
+    left.plot(np.sort(grid), np.sort(grid), "--", color="0.4", label="a·c + b")
+    left.set(xlabel="duration factor c", ylabel="median (implied sum − b) / a", title="share of the scaled number")
+    right.set(
+        xlabel="duration factor c", ylabel="share of problems", ylim=(-0.02, 1.02), title="greedy answer = true sum"
+    )
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("sums: " + " vs ".join(dict.fromkeys(label for label, _ in results)), fontsize=12)
+    return fig

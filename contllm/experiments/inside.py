@@ -47,8 +47,14 @@ class InsideConfig:
 
     def counting_config(self) -> Any:
         """The counting experiment's config whose one-value sweep is the plain prompt (factor 1)."""
-        options: dict[str, Any] = {"template": self.template, "chat": self.chat, "low": 1.0, "high": 1.0,
-                                   "samples": 1, "data": self.data}
+        options: dict[str, Any] = {
+            "template": self.template,
+            "chat": self.chat,
+            "low": 1.0,
+            "high": 1.0,
+            "samples": 1,
+            "data": self.data,
+        }
         return registry.get("counting").Config(**options)
 
     def counting_items(self) -> list[Any]:
@@ -60,10 +66,18 @@ class InsideConfig:
 def inside_options(first: int) -> tuple[Option, ...]:
     """The options of :class:`InsideConfig`, with the experiment's default item count."""
     return (
-        Option("template", "str", "Counting prompt template ({words} and optionally {word}, {article}, {category}). [default: the counting experiment's]"),
+        Option(
+            "template",
+            "str",
+            "Counting prompt template ({words} and optionally {word}, {article}, {category}). [default: the counting experiment's]",
+        ),
         Option("chat", "bool", "Wrap prompts in the model's chat template.", flag="--chat/--no-chat"),
         Option("data", "str", "Counting dataset file (see contllm run counting --help). [default: built-in]"),
-        Option("first", "int", f"Items: the counting dataset's first N (balanced over category and n); 0 for all. [default: {first}]"),
+        Option(
+            "first",
+            "int",
+            f"Items: the counting dataset's first N (balanced over category and n); 0 for all. [default: {first}]",
+        ),
     )
 
 
@@ -171,5 +185,8 @@ class SweepInsideExperiment(InsideExperiment):
     """An experiment inside the model along a duration sweep (lens, attention-mass)."""
 
     def report_columns(self, result: Any) -> dict[str, Any]:
-        return {"factor_min": result.config.get("low"), "factor_max": result.config.get("high"),
-                "samples": result.config.get("samples")}
+        return {
+            "factor_min": result.config.get("low"),
+            "factor_max": result.config.get("high"),
+            "samples": result.config.get("samples"),
+        }

@@ -15,7 +15,7 @@ def _from_end(arrays: Sequence[np.ndarray]) -> np.ndarray:
     width = max(a.shape[1] for a in arrays)
     stacked = np.full((len(arrays), arrays[0].shape[0], width), np.nan)
     for k, a in enumerate(arrays):
-        stacked[k, :, width - a.shape[1]:] = a
+        stacked[k, :, width - a.shape[1] :] = a
     with np.errstate(all="ignore"):
         return np.nanmean(stacked, axis=0)
 
@@ -40,8 +40,9 @@ def patching_figure(result: Any, records: Sequence[Any] | None = None) -> Any:
     else:
         xlabels = [f"{k - width + 1}" if k < width - 1 else "read" for k in range(width)]
     heads = [r.heads for r in records if r.heads.size]
-    fig, axes = plt.subplots(1, 2 if heads else 1, figsize=(11 if heads else 6, 4.6), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = plt.subplots(
+        1, 2 if heads else 1, figsize=(11 if heads else 6, 4.6), squeeze=False, constrained_layout=True
+    )
     image = _shares(axes[0, 0], resid, xlabels, "token" if one else "position from the read position")
     axes[0, 0].set_title("residual stream (blocks.i.hook_resid_post)", fontsize=9)
     if heads:
@@ -50,9 +51,14 @@ def patching_figure(result: Any, records: Sequence[Any] | None = None) -> Any:
         axes[0, 1].set_title("attention head outputs, all patched positions", fontsize=9)
     fig.colorbar(image, ax=axes[0, -1], label="share of the change in E[k] restored")
     first = records[0]
-    what = f"{first.item_id}, E[k] {first.scaled:.2f} -> {first.plain:.2f}" if one else (
-        f"{len(records)} items, mean E[k] {np.mean([r.scaled for r in records]):.2f} -> "
-        f"{np.mean([r.plain for r in records]):.2f}")
+    what = (
+        f"{first.item_id}, E[k] {first.scaled:.2f} -> {first.plain:.2f}"
+        if one
+        else (
+            f"{len(records)} items, mean E[k] {np.mean([r.scaled for r in records]):.2f} -> "
+            f"{np.mean([r.plain for r in records]):.2f}"
+        )
+    )
     fig.suptitle(f"{result.model} · patching c = {first.factor:g} with c = 1 · {what}", fontsize=10)
     return fig
 
@@ -60,7 +66,9 @@ def patching_figure(result: Any, records: Sequence[Any] | None = None) -> Any:
 def lens_figure(result: Any, records: Sequence[Any] | None = None) -> Any:
     """E[k] read through the final norm and unembedding at every layer (rows) along the duration sweep (columns)."""
     records = list(result.items if records is None else records)
-    grid = [r for r in records if len(r.factors) == len(records[0].factors) and np.allclose(r.factors, records[0].factors)]
+    grid = [
+        r for r in records if len(r.factors) == len(records[0].factors) and np.allclose(r.factors, records[0].factors)
+    ]
     counts = np.nanmean([r.counts for r in grid], axis=0)
     factors = grid[0].factors
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6), constrained_layout=True)
@@ -78,7 +86,14 @@ def lens_figure(result: Any, records: Sequence[Any] | None = None) -> Any:
     cmap = plt.get_cmap("magma")
     layers = counts.shape[0]
     for i in sorted({0, layers // 4, layers // 2, 3 * layers // 4, layers - 2, layers - 1}):
-        right.plot(factors, counts[i], "-o", ms=3, color=cmap(i / max(1, layers)), label=f"layer {i}" if i < layers - 1 else "output")
+        right.plot(
+            factors,
+            counts[i],
+            "-o",
+            ms=3,
+            color=cmap(i / max(1, layers)),
+            label=f"layer {i}" if i < layers - 1 else "output",
+        )
     right.set_xlabel("duration factor c")
     right.set_ylabel("implied count E[k]")
     right.grid(alpha=0.3)
@@ -107,8 +122,14 @@ def attention_mass_figure(result: Any, records: Sequence[Any] | None = None) -> 
     colors = plt.get_cmap("coolwarm")
     for k, index in enumerate(picks):
         i, h = divmod(int(index), heads)
-        right.plot(first.factors, mass[:, i, h], "-o", ms=3, color=colors(k / max(1, len(picks) - 1)),
-                   label=f"L{i}H{h} (slope {slopes[i, h]:.2f})")
+        right.plot(
+            first.factors,
+            mass[:, i, h],
+            "-o",
+            ms=3,
+            color=colors(k / max(1, len(picks) - 1)),
+            label=f"L{i}H{h} (slope {slopes[i, h]:.2f})",
+        )
     c = np.asarray(first.factors)
     base = mass[np.argmin(np.abs(c - 1.0))].mean() if np.isclose(c, 1.0).any() else None
     if base is not None:

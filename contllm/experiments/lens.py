@@ -22,7 +22,14 @@ from contllm.activations import run_with_cache
 from contllm.engine import evaluation
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Metric, Records, RunContext, Table
-from contllm.experiments.inside import SweepInsideConfig, SweepInsideExperiment, digit_sets, implied_counts, prompt_of, sweep_inside_options
+from contllm.experiments.inside import (
+    SweepInsideConfig,
+    SweepInsideExperiment,
+    digit_sets,
+    implied_counts,
+    prompt_of,
+    sweep_inside_options,
+)
 from contllm.families import decoder_layers, final_norm
 
 
@@ -41,16 +48,28 @@ class LensRecord:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"item_id": self.item_id, "factors": self.factors.tolist(), "counts": self.counts.tolist(),
-                "top": self.top.astype(int).tolist(), "lens_max_dp": self.lens_max_dp, "truth": self.truth,
-                "meta": self.meta}
+        return {
+            "item_id": self.item_id,
+            "factors": self.factors.tolist(),
+            "counts": self.counts.tolist(),
+            "top": self.top.astype(int).tolist(),
+            "lens_max_dp": self.lens_max_dp,
+            "truth": self.truth,
+            "meta": self.meta,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LensRecord:
         try:
-            return cls(str(data["item_id"]), np.asarray(data["factors"], dtype=np.float64),
-                       np.asarray(data["counts"], dtype=np.float64), np.asarray(data["top"], dtype=np.int64),
-                       float(data["lens_max_dp"]), int(data.get("truth", 0)), dict(data.get("meta") or {}))
+            return cls(
+                str(data["item_id"]),
+                np.asarray(data["factors"], dtype=np.float64),
+                np.asarray(data["counts"], dtype=np.float64),
+                np.asarray(data["top"], dtype=np.int64),
+                float(data["lens_max_dp"]),
+                int(data.get("truth", 0)),
+                dict(data.get("meta") or {}),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ExperimentError(f"malformed lens record: {exc}") from None
 
@@ -91,8 +110,9 @@ def lens_item(lm: Any, item_id: str, prompt: Any, factors: np.ndarray, evaluate:
     lens_dp = float((torch.softmax(lens_logits[-1], dim=-1) - output).abs().max())
     all_counts = np.vstack([counts, out_counts[None]])
     top = np.vstack([probs.argmax(-1), out_probs.argmax(-1)[None]])
-    return LensRecord(item_id, np.asarray(factors, dtype=np.float64), all_counts, top, lens_dp, prompt.truth,
-                      dict(prompt.meta))
+    return LensRecord(
+        item_id, np.asarray(factors, dtype=np.float64), all_counts, top, lens_dp, prompt.truth, dict(prompt.meta)
+    )
 
 
 class LensExperiment(SweepInsideExperiment):
@@ -109,19 +129,37 @@ class LensExperiment(SweepInsideExperiment):
     result_type = LensResult
     metrics = (
         Metric("output_spearman", "higher", "Spearman correlation of the output E[k] with c, mean over items"),
-        Metric("first_following_layer", "lower", "first layer whose lens E[k] follows c: mean Spearman correlation 0.8 or more, and a range over the sweep at least half the output's"),
-        Metric("lens_max_dp", "lower", "largest probability difference between the last layer's lens and the model's output"),
+        Metric(
+            "first_following_layer",
+            "lower",
+            "first layer whose lens E[k] follows c: mean Spearman correlation 0.8 or more, and a range over the sweep at least half the output's",
+        ),
+        Metric(
+            "lens_max_dp",
+            "lower",
+            "largest probability difference between the last layer's lens and the model's output",
+        ),
     )
 
-
-    def run(self, lm: Any, config: SweepInsideConfig, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, LensRecord]]:
+    def run(
+        self, lm: Any, config: SweepInsideConfig, items: Sequence[Any], context: RunContext
+    ) -> Iterator[tuple[str, LensRecord]]:
         for item in items:
             yield item.id, lens_item(lm, item.id, prompt_of(lm, item, config), config.factors(), context.evaluate)
 
     def tables(self, result: LensResult) -> dict[str, Table]:
-        rows = [{"item": r.item_id, "layer": "output" if i == len(r.counts) - 1 else i, "factor": float(c),
-                 "implied_count": float(r.counts[i, j]), "top_digit": int(r.top[i, j])}
-                for r in result.items for i in range(len(r.counts)) for j, c in enumerate(r.factors)]
+        rows = [
+            {
+                "item": r.item_id,
+                "layer": "output" if i == len(r.counts) - 1 else i,
+                "factor": float(c),
+                "implied_count": float(r.counts[i, j]),
+                "top_digit": int(r.top[i, j]),
+            }
+            for r in result.items
+            for i in range(len(r.counts))
+            for j, c in enumerate(r.factors)
+        ]
         return {"results": (["item", "layer", "factor", "implied_count", "top_digit"], rows)}
 
     def summary(self, result: LensResult) -> dict[str, Any]:
@@ -136,12 +174,17 @@ class LensExperiment(SweepInsideExperiment):
             span = np.nanmean(spans, axis=0)
         # Rank order alone is noise where E[k] hardly moves: a following layer also moves half as far as the output.
         following = np.flatnonzero((mean[:-1] >= 0.8) & (span[:-1] >= 0.5 * span[-1]))
-        return {"experiment": result.experiment, "model": result.model, "items": len(result.items),
-                "output_spearman": float(mean[-1]),
-                "first_following_layer": int(following[0]) if len(following) else None,
-                "spearman_by_layer": [round(float(v), 4) for v in mean[:-1]],
-                "output_range": float(span[-1]), "range_by_layer": [round(float(v), 4) for v in span[:-1]],
-                "lens_max_dp": max(r.lens_max_dp for r in result.items)}
+        return {
+            "experiment": result.experiment,
+            "model": result.model,
+            "items": len(result.items),
+            "output_spearman": float(mean[-1]),
+            "first_following_layer": int(following[0]) if len(following) else None,
+            "spearman_by_layer": [round(float(v), 4) for v in mean[:-1]],
+            "output_range": float(span[-1]),
+            "range_by_layer": [round(float(v), 4) for v in span[:-1]],
+            "lens_max_dp": max(r.lens_max_dp for r in result.items),
+        }
 
 
 EXPERIMENT = LensExperiment()

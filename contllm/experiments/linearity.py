@@ -91,7 +91,9 @@ class LinearityConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or not 3 <= self.samples <= MAX_SAMPLES:
-            raise ExperimentError(f"--samples must be an integer from 3 to {MAX_SAMPLES} (both ends and an inside), got {self.samples!r}")
+            raise ExperimentError(
+                f"--samples must be an integer from 3 to {MAX_SAMPLES} (both ends and an inside), got {self.samples!r}"
+            )
         check_method(self.method)
         if isinstance(self.per_source, bool) or not isinstance(self.per_source, int) or self.per_source < 0:
             raise ExperimentError(f"--per-source must be an integer >= 0 (0: every item), got {self.per_source!r}")
@@ -101,7 +103,9 @@ class LinearityConfig:
             self.sources = tuple(dict.fromkeys(self.sources))
             unknown = [s for s in self.sources if s not in SOURCES]
             if unknown:
-                raise ExperimentError(f"--sources: unknown source(s) {', '.join(unknown)}; sources are {', '.join(SOURCES)}")
+                raise ExperimentError(
+                    f"--sources: unknown source(s) {', '.join(unknown)}; sources are {', '.join(SOURCES)}"
+                )
 
     def alphas(self) -> np.ndarray:
         return np.linspace(0.0, 1.0, self.samples)
@@ -169,9 +173,15 @@ class ReadoutPath:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReadoutPath:
         try:
-            path = cls(str(data["item_id"]), str(data["source"]), np.asarray(data["alphas"], dtype=np.float64),
-                       [str(v) for v in data["labels"]], np.asarray(data["real"], dtype=np.float64),
-                       np.asarray(data["baseline"], dtype=np.float64), dict(data.get("meta") or {}))
+            path = cls(
+                str(data["item_id"]),
+                str(data["source"]),
+                np.asarray(data["alphas"], dtype=np.float64),
+                [str(v) for v in data["labels"]],
+                np.asarray(data["real"], dtype=np.float64),
+                np.asarray(data["baseline"], dtype=np.float64),
+                dict(data.get("meta") or {}),
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ExperimentError(f"malformed linearity record: {exc}") from None
         shape = (len(path.alphas), len(path.labels))
@@ -226,7 +236,9 @@ def baseline_seed(seed: int, place: int) -> int:
     return int(np.random.SeedSequence([seed % 2**32, place]).generate_state(1)[0])
 
 
-def baseline_signals(real: Sequence[Signal], alphas: np.ndarray, method: str, generator: torch.Generator) -> tuple[list[Signal], float]:
+def baseline_signals(
+    real: Sequence[Signal], alphas: np.ndarray, method: str, generator: torch.Generator
+) -> tuple[list[Signal], float]:
     """The baseline path: from A = real[0] along a random direction of |B - A| per token; the same durations and times.
 
     Returns the signals and the norm of B - A over the whole path (the baseline's too).
@@ -237,23 +249,41 @@ def baseline_signals(real: Sequence[Signal], alphas: np.ndarray, method: str, ge
     noise = torch.randn(diff.shape, generator=generator, dtype=torch.float32)
     noise = noise / noise.norm(dim=-1, keepdim=True).clamp_min(1e-12) * diff.norm(dim=-1, keepdim=True)
     target = start + noise.to(device=start.device, dtype=start.dtype)
-    out = [Signal.from_embeds(mix(start, target, float(a), method), s.durations, times=s.times)  # type: ignore[arg-type]
-           for s, a in zip(real, alphas)]
+    out = [
+        Signal.from_embeds(mix(start, target, float(a), method), s.durations, times=s.times)  # type: ignore[arg-type]
+        for s, a in zip(real, alphas)
+    ]
     return out, float(diff.norm())
 
 
 def real_path(lm: Any, item: LinearityItem, config: LinearityConfig) -> tuple[list[Signal], Any, dict[str, Any]]:
     """The item's real path (one signal per alpha), its token sets (None: top tokens) and facts worth saving."""
     if item.source == "interpolation":
-        plan = word_exp.plan_item(lm, item.ref, word_exp.InterpolationConfig(method=config.method, samples=config.samples))
+        plan = word_exp.plan_item(
+            lm, item.ref, word_exp.InterpolationConfig(method=config.method, samples=config.samples)
+        )
     elif item.source == "boolean":
-        plan = boolean_exp.plan_item(lm, item.ref, boolean_exp.BooleanConfig(method=config.method, samples=config.samples))
+        plan = boolean_exp.plan_item(
+            lm, item.ref, boolean_exp.BooleanConfig(method=config.method, samples=config.samples)
+        )
     else:
         pair = item.ref
-        ends = [Signal.from_text(lm.tokenizer, text).embedded(lm.model.get_input_embeddings()) for text in (pair.first, pair.second)]
+        ends = [
+            Signal.from_text(lm.tokenizer, text).embedded(lm.model.get_input_embeddings())
+            for text in (pair.first, pair.second)
+        ]
         try:
-            signals = [interpolate_spans(ends[0], (0, len(pair.first)), ends[1], (0, len(pair.second)), float(a),
-                                         method=config.method) for a in config.alphas()]  # type: ignore[arg-type]
+            signals = [
+                interpolate_spans(
+                    ends[0],
+                    (0, len(pair.first)),
+                    ends[1],
+                    (0, len(pair.second)),
+                    float(a),
+                    method=config.method,  # type: ignore[arg-type]
+                )
+                for a in config.alphas()
+            ]
         except SignalError as err:
             raise ExperimentError(f"item {item.id}: {err}") from None
         meta = {"first": pair.first, "second": pair.second, "tokens_first": len(ends[0]), "tokens_second": len(ends[1])}
@@ -295,8 +325,14 @@ class LinearityResult(Records[ReadoutPath], record=ReadoutPath, key="paths", one
             for kind, values in (("real", p.real), ("baseline", p.baseline)):
                 for k, a in enumerate(p.alphas):
                     for j, label in enumerate(p.labels):
-                        yield {"item": p.item_id, "source": p.source, "path": kind, "alpha": float(a), "label": label,
-                               "probability": float(values[k, j])}
+                        yield {
+                            "item": p.item_id,
+                            "source": p.source,
+                            "path": kind,
+                            "alpha": float(a),
+                            "label": label,
+                            "probability": float(values[k, j]),
+                        }
 
 
 def summarize_paths(paths: Sequence[ReadoutPath]) -> dict[str, Any]:
@@ -336,9 +372,15 @@ class LinearityExperiment(Experiment):
     engine = shardable = True
     unit = "path"
     metrics = (
-        Metric("all_mean_max_deviation", "lower", "largest |p(alpha) - chord| over the read-out on the real path, mean over items"),
+        Metric(
+            "all_mean_max_deviation",
+            "lower",
+            "largest |p(alpha) - chord| over the read-out on the real path, mean over items",
+        ),
         Metric("all_mean_r2", "higher", "R² of the chord against the real path's read-out, mean over items"),
-        Metric("all_mean_max_logit_deviation", "lower", "largest |centred logit - chord| on the real path, mean over items"),
+        Metric(
+            "all_mean_max_logit_deviation", "lower", "largest |centred logit - chord| on the real path, mean over items"
+        ),
     )
     result_type = LinearityResult
 
@@ -351,27 +393,33 @@ class LinearityExperiment(Experiment):
             if item.source == "interpolation":
                 word_exp.check_item(lm, item.ref, word_config)
 
-    def run(self, lm: Any, config: LinearityConfig, items: Sequence[LinearityItem],
-            context: RunContext) -> Iterator[tuple[str, ReadoutPath]]:
+    def run(
+        self, lm: Any, config: LinearityConfig, items: Sequence[LinearityItem], context: RunContext
+    ) -> Iterator[tuple[str, ReadoutPath]]:
         for item in items:
             yield item.id, run_path(lm, item, config, context.evaluate, context.seed)
 
     def tables(self, result: LinearityResult) -> dict[str, Table]:
         per_item = [{"item": p.item_id, "source": p.source, **measures(p)} for p in result.paths]
         columns = ["item", "source", *MEASURES, *(f"{m}_baseline" for m in MEASURES)]
-        return {"results": (["item", "source", "path", "alpha", "label", "probability"], result.rows()),
-                "items": (columns, per_item)}
+        return {
+            "results": (["item", "source", "path", "alpha", "label", "probability"], result.rows()),
+            "items": (columns, per_item),
+        }
 
     def summary(self, result: LinearityResult) -> dict[str, Any]:
         """See :func:`summarize_paths`."""
         if not result.paths:
             raise ExperimentError("the result holds no paths")
-        return {"experiment": result.experiment, "model": result.model, "items": len(result.paths),
-                **summarize_paths(result.paths)}
+        return {
+            "experiment": result.experiment,
+            "model": result.model,
+            "items": len(result.paths),
+            **summarize_paths(result.paths),
+        }
 
     def report_columns(self, result: LinearityResult) -> dict[str, Any]:
-        return {"samples": len(result.paths[0].alphas) if result.paths else None,
-                "method": result.config.get("method")}
+        return {"samples": len(result.paths[0].alphas) if result.paths else None, "method": result.config.get("method")}
 
     def summary_figure(self, result: LinearityResult) -> Any:
         return summary_figure(result)
@@ -409,9 +457,12 @@ def item_figure(result: LinearityResult, path: ReadoutPath) -> Any:
         ax.title.set_fontsize(9)
     m = measures(path)
     what = path.meta.get("question") or ""
-    fig.suptitle(f"{result.model} · linearity · {path.item_id} {what}\n"
-                 f"max |p - chord| {m['max_deviation']:.3g} (random direction {m['max_deviation_baseline']:.3g}); "
-                 f"R² {m['r2']:.3f} ({m['r2_baseline']:.3f})", fontsize=10)
+    fig.suptitle(
+        f"{result.model} · linearity · {path.item_id} {what}\n"
+        f"max |p - chord| {m['max_deviation']:.3g} (random direction {m['max_deviation_baseline']:.3g}); "
+        f"R² {m['r2']:.3f} ({m['r2_baseline']:.3f})",
+        fontsize=10,
+    )
     return fig
 
 
@@ -426,8 +477,15 @@ def _bars(ax: Any, groups: list[str], runs: Sequence[tuple[str, dict[str, Any]]]
         for b, suffix in enumerate(("", "_baseline")):
             values = [summary.get(f"{g}_mean_{key}{suffix}", np.nan) for g in groups]
             offset = positions - 0.4 + width * (2 * k + b + 0.5)
-            ax.bar(offset, values, width, color=colors(k % 10), alpha=1.0 if not suffix else 0.45,
-                   hatch=None if not suffix else "//", label=f"{label}{' random direction' if suffix else ''}")
+            ax.bar(
+                offset,
+                values,
+                width,
+                color=colors(k % 10),
+                alpha=1.0 if not suffix else 0.45,
+                hatch=None if not suffix else "//",
+                label=f"{label}{' random direction' if suffix else ''}",
+            )
     ax.set_xticks(positions, groups)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, axis="y")
@@ -448,8 +506,11 @@ def _profiles(ax: Any, paths: Sequence[ReadoutPath]) -> None:
         for values, style, what in ((lambda p: p.real, "-", "real"), (lambda p: p.baseline, "--", "random direction")):
             dev = np.mean([np.abs(values(p) - chord(p.alphas, values(p))).max(axis=1) for p in same], axis=0)
             ax.plot(x, dev, style, color=colors(k), lw=1.8, label=f"{source}: {what}")
-    ax.set(xlabel="alpha", ylabel="mean over items of max over labels |p - chord|",
-           title="distance from the chord along the path")
+    ax.set(
+        xlabel="alpha",
+        ylabel="mean over items of max over labels |p - chord|",
+        title="distance from the chord along the path",
+    )
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

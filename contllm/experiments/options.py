@@ -68,7 +68,7 @@ def shown(value: Any, limit: int = 60) -> str:
         text = repr(value)
     except ValueError:  # an integer past Python's digit limit
         return "an integer of more than 4000 digits"
-    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
 
 
 #: The interpolation method, as every experiment that interpolates takes it.
@@ -151,7 +151,9 @@ def parse_range(value: Any, where: str = "range") -> tuple[float, float]:
     if not (math.isfinite(low) and math.isfinite(high)):
         raise ExperimentError(f"{where} must be finite, got {low},{high}")
     if max(abs(low), abs(high)) > MAX_RANGE:
-        raise ExperimentError(f"{where} must lie within -{MAX_RANGE:g},{MAX_RANGE:g} (the largest time a signal holds), got {low:g},{high:g}")
+        raise ExperimentError(
+            f"{where} must lie within -{MAX_RANGE:g},{MAX_RANGE:g} (the largest time a signal holds), got {low:g},{high:g}"
+        )
     if low > high:
         raise ExperimentError(f"range min {low} is larger than max {high}")
     return low, high
@@ -187,4 +189,3 @@ def config_dict(config: Any) -> dict[str, Any]:
         value = getattr(config, f.name)
         out[f.name] = list(value) if isinstance(value, tuple) else value
     return out
-

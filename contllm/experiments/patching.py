@@ -31,7 +31,15 @@ from contllm.activations import Patch, patch, recording
 from contllm.engine import evaluation
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Metric, Records, RunContext, Table
-from contllm.experiments.inside import InsideConfig, InsideExperiment, Prompt, digit_sets, implied_counts, inside_options, prompt_of
+from contllm.experiments.inside import (
+    InsideConfig,
+    InsideExperiment,
+    Prompt,
+    digit_sets,
+    implied_counts,
+    inside_options,
+    prompt_of,
+)
 from contllm.experiments.options import Option
 from contllm.families import decoder_layers, head_counts
 from contllm.prefix import SharedPrefix, slice_signal
@@ -88,25 +96,40 @@ class PatchRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "item_id": self.item_id, "factor": self.factor, "positions": list(self.positions),
-            "tokens": list(self.tokens), "plain": self.plain, "scaled": self.scaled,
-            "plain_probs": list(self.plain_probs), "scaled_probs": list(self.scaled_probs),
-            "resid": self.resid.tolist(), "heads": self.heads.tolist(), "self_max_dp": self.self_max_dp,
-            "last_layer_max_dp": self.last_layer_max_dp, "truth": self.truth, "meta": self.meta,
+            "item_id": self.item_id,
+            "factor": self.factor,
+            "positions": list(self.positions),
+            "tokens": list(self.tokens),
+            "plain": self.plain,
+            "scaled": self.scaled,
+            "plain_probs": list(self.plain_probs),
+            "scaled_probs": list(self.scaled_probs),
+            "resid": self.resid.tolist(),
+            "heads": self.heads.tolist(),
+            "self_max_dp": self.self_max_dp,
+            "last_layer_max_dp": self.last_layer_max_dp,
+            "truth": self.truth,
+            "meta": self.meta,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PatchRecord:
         try:
             return cls(
-                item_id=str(data["item_id"]), factor=float(data["factor"]),
-                positions=[int(p) for p in data["positions"]], tokens=[str(t) for t in data["tokens"]],
-                plain=float(data["plain"]), scaled=float(data["scaled"]),
+                item_id=str(data["item_id"]),
+                factor=float(data["factor"]),
+                positions=[int(p) for p in data["positions"]],
+                tokens=[str(t) for t in data["tokens"]],
+                plain=float(data["plain"]),
+                scaled=float(data["scaled"]),
                 plain_probs=[float(p) for p in data["plain_probs"]],
                 scaled_probs=[float(p) for p in data["scaled_probs"]],
-                resid=np.asarray(data["resid"], dtype=np.float64), heads=np.asarray(data["heads"], dtype=np.float64),
-                self_max_dp=float(data["self_max_dp"]), last_layer_max_dp=float(data["last_layer_max_dp"]),
-                truth=int(data.get("truth", 0)), meta=dict(data.get("meta") or {}),
+                resid=np.asarray(data["resid"], dtype=np.float64),
+                heads=np.asarray(data["heads"], dtype=np.float64),
+                self_max_dp=float(data["self_max_dp"]),
+                last_layer_max_dp=float(data["last_layer_max_dp"]),
+                truth=int(data.get("truth", 0)),
+                meta=dict(data.get("meta") or {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ExperimentError(f"malformed patching record: {exc}") from None
@@ -120,8 +143,9 @@ class PatchingResult(Records[PatchRecord], record=PatchRecord, key="items", one=
 Row = dict[str, tuple[list[int], torch.Tensor]]
 
 
-def _forward_rows(lm: Any, shared: SharedPrefix, tails: Sequence[Signal], rows: Sequence[Row],
-                  widths: dict[str, int]) -> torch.Tensor:
+def _forward_rows(
+    lm: Any, shared: SharedPrefix, tails: Sequence[Signal], rows: Sequence[Row], widths: dict[str, int]
+) -> torch.Tensor:
     """Last-position logits [rows, vocab] of ``tails`` after the shared prefix, row r patched as ``rows[r]`` says.
 
     A row maps activation names to (tail positions, values [k, width]); names a row does
@@ -131,8 +155,13 @@ def _forward_rows(lm: Any, shared: SharedPrefix, tails: Sequence[Signal], rows: 
     patches = []
     for name in names:
         empty = torch.empty(0, widths[name])
-        patches.append(Patch(name, [list(row[name][0]) if name in row else [] for row in rows],
-                             [row[name][1] if name in row else empty for row in rows]))
+        patches.append(
+            Patch(
+                name,
+                [list(row[name][0]) if name in row else [] for row in rows],
+                [row[name][1] if name in row else empty for row in rows],
+            )
+        )
     with patch(lm, list(tails), patches):
         logits, _ = lm.forward_batch(pad_signals(list(tails)), logits_to_keep=1, prefix=shared.keys)
     return logits[:, -1].float().cpu()
@@ -160,10 +189,16 @@ def patch_item(lm: Any, item_id: str, prompt: Prompt, factor: float, *, heads: b
         def value(run: int, name: str) -> torch.Tensor:
             return stored[name][run]
 
-        checks = _forward_rows(lm, shared, [scaled_tail, scaled_tail], [
-            {name: (tail, value(0, name)) for name in names},
-            {resid[-1]: (tail, value(1, resid[-1]))},
-        ], widths)
+        checks = _forward_rows(
+            lm,
+            shared,
+            [scaled_tail, scaled_tail],
+            [
+                {name: (tail, value(0, name)) for name in names},
+                {resid[-1]: (tail, value(1, resid[-1]))},
+            ],
+            widths,
+        )
         rows: list[Row] = []
         for name in resid:
             for k, p in enumerate(tail):
@@ -175,10 +210,13 @@ def patch_item(lm: Any, item_id: str, prompt: Prompt, factor: float, *, heads: b
                 mixed = value(0, name).clone()
                 mixed[:, h * width : (h + 1) * width] = value(1, name)[:, h * width : (h + 1) * width]
                 rows.append({name: (tail, mixed)})
-        logits = torch.cat([runs[:, -1].float().cpu()] + [
-            _forward_rows(lm, shared, [scaled_tail] * len(rows[k : k + ROWS]), rows[k : k + ROWS], widths)
-            for k in range(0, len(rows), ROWS)
-        ])
+        logits = torch.cat(
+            [runs[:, -1].float().cpu()]
+            + [
+                _forward_rows(lm, shared, [scaled_tail] * len(rows[k : k + ROWS]), rows[k : k + ROWS], widths)
+                for k in range(0, len(rows), ROWS)
+            ]
+        )
     counts, probs = implied_counts(logits, sets)
     before, after = torch.softmax(logits[:2], dim=-1), torch.softmax(checks, dim=-1)
     e_scaled, e_plain = float(counts[0]), float(counts[1])
@@ -186,12 +224,20 @@ def patch_item(lm: Any, item_id: str, prompt: Prompt, factor: float, *, heads: b
     shares = (counts[2:] - e_scaled) / change if change != 0 else np.full(len(counts) - 2, np.nan)
     n_resid = layers * len(tail)
     return PatchRecord(
-        item_id=item_id, factor=float(factor), positions=positions, tokens=prompt.pieces(positions),
-        plain=e_plain, scaled=e_scaled, plain_probs=probs[1].tolist(), scaled_probs=probs[0].tolist(),
+        item_id=item_id,
+        factor=float(factor),
+        positions=positions,
+        tokens=prompt.pieces(positions),
+        plain=e_plain,
+        scaled=e_scaled,
+        plain_probs=probs[1].tolist(),
+        scaled_probs=probs[0].tolist(),
         resid=shares[:n_resid].reshape(layers, len(tail)),
         heads=shares[n_resid:].reshape(len(zs), head_count) if heads else np.zeros((0, 0)),
-        self_max_dp=float((after[0] - before[0]).abs().max()), last_layer_max_dp=float((after[1] - before[1]).abs().max()),
-        truth=prompt.truth, meta=dict(prompt.meta),
+        self_max_dp=float((after[0] - before[0]).abs().max()),
+        last_layer_max_dp=float((after[1] - before[1]).abs().max()),
+        truth=prompt.truth,
+        meta=dict(prompt.meta),
     )
 
 
@@ -214,25 +260,60 @@ class PatchingExperiment(InsideExperiment):
     figure = "patching_figure"
     result_type = PatchingResult
     metrics = (
-        Metric("self_patch_max_dp", "lower", "largest probability change from patching a run with its own activations (0 expected)"),
-        Metric("last_layer_max_dp", "lower", "largest difference to the plain run after patching its last-layer residual (0 expected)"),
+        Metric(
+            "self_patch_max_dp",
+            "lower",
+            "largest probability change from patching a run with its own activations (0 expected)",
+        ),
+        Metric(
+            "last_layer_max_dp",
+            "lower",
+            "largest difference to the plain run after patching its last-layer residual (0 expected)",
+        ),
         Metric("mean_change", "higher", "E[k] at c = 1 minus E[k] at c, mean over items: the effect being located"),
-        Metric("last_position_layer", "lower", "first layer whose residual at the read position restores half of the change (mean over items)"),
+        Metric(
+            "last_position_layer",
+            "lower",
+            "first layer whose residual at the read position restores half of the change (mean over items)",
+        ),
         Metric("max_head_share", "higher", "largest restored share of a single attention head (mean over items)"),
     )
 
-
-    def run(self, lm: Any, config: PatchingConfig, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, PatchRecord]]:
+    def run(
+        self, lm: Any, config: PatchingConfig, items: Sequence[Any], context: RunContext
+    ) -> Iterator[tuple[str, PatchRecord]]:
         for item in items:
             yield item.id, patch_item(lm, item.id, prompt_of(lm, item, config), config.factor, heads=config.heads)
 
     def tables(self, result: PatchingResult) -> dict[str, Table]:
-        rows = [{"item": r.item_id, "site": "resid", "layer": i, "position": p, "token": r.tokens[k], "head": "",
-                 "share": float(r.resid[i, k])}
-                for r in result.items for i in range(r.resid.shape[0]) for k, p in enumerate(r.positions)]
-        rows += [{"item": r.item_id, "site": "head", "layer": i, "position": "", "token": "", "head": h,
-                  "share": float(r.heads[i, h])}
-                 for r in result.items for i in range(r.heads.shape[0]) for h in range(r.heads.shape[1])]
+        rows = [
+            {
+                "item": r.item_id,
+                "site": "resid",
+                "layer": i,
+                "position": p,
+                "token": r.tokens[k],
+                "head": "",
+                "share": float(r.resid[i, k]),
+            }
+            for r in result.items
+            for i in range(r.resid.shape[0])
+            for k, p in enumerate(r.positions)
+        ]
+        rows += [
+            {
+                "item": r.item_id,
+                "site": "head",
+                "layer": i,
+                "position": "",
+                "token": "",
+                "head": h,
+                "share": float(r.heads[i, h]),
+            }
+            for r in result.items
+            for i in range(r.heads.shape[0])
+            for h in range(r.heads.shape[1])
+        ]
         return {"results": (["item", "site", "layer", "position", "token", "head", "share"], rows)}
 
     def summary(self, result: PatchingResult) -> dict[str, Any]:
@@ -240,8 +321,12 @@ class PatchingExperiment(InsideExperiment):
         if not result.items:
             raise ExperimentError("the result holds no items")
         items = result.items
-        out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(items),
-                               "factor": items[0].factor}
+        out: dict[str, Any] = {
+            "experiment": result.experiment,
+            "model": result.model,
+            "items": len(items),
+            "factor": items[0].factor,
+        }
         out["self_patch_max_dp"] = max(r.self_max_dp for r in items)
         out["last_layer_max_dp"] = max(r.last_layer_max_dp for r in items)
         out["mean_change"] = float(np.mean([r.plain - r.scaled for r in items]))

@@ -32,13 +32,19 @@ class Rendered:
 def template_fields(template: str) -> list[str]:
     """The field names used in ``template`` ({name} placeholders), in order of appearance."""
     try:
-        parsed = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(template)
-                  if name is not None]
+        parsed = [
+            (name, spec, conversion)
+            for _, name, spec, conversion in string.Formatter().parse(template)
+            if name is not None
+        ]
     except ValueError as exc:
         raise ExperimentError(f"malformed template: {exc}") from None
     names = [name for name, _, _ in parsed]
-    formatted = [f"{{{name}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}"
-                 for name, spec, conversion in parsed if spec or conversion]
+    formatted = [
+        f"{{{name}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}"
+        for name, spec, conversion in parsed
+        if spec or conversion
+    ]
     if formatted:
         raise ExperimentError(f"template fields take no conversion or format, got {formatted[0]}; write {{name}}")
     bad = [n for n in names if not re.fullmatch(r"\w+", n)]

@@ -30,6 +30,7 @@ from contllm import metrics
 from contllm.data.paper import SUMS_FIELDS, sums_rows
 from contllm.data.user import DataFileOption, Row, data_option_help, read_items
 from contllm.errors import ExperimentError
+from contllm.experiments import figures
 from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
@@ -90,8 +91,11 @@ class SumItem:
 
     def rendered(self) -> Rendered:
         """The problem's text and the character spans of its fields."""
-        return render(self.problem, {"first": str(self.first), "second": str(self.second), "name": self.name},
-                      required=("first", "second"))
+        return render(
+            self.problem,
+            {"first": str(self.first), "second": str(self.second), "name": self.name},
+            required=("first", "second"),
+        )
 
 
 def read_sums(path: str | Path) -> list[SumItem]:
@@ -104,11 +108,17 @@ def _sum_item(row: Row) -> SumItem:
         return None if 0 <= value <= MOST else f"must be a whole number from 0 to {MOST}, got {value}"
 
     item = SumItem(
-        id=row.get("id", str, default=f"sum-{row.number:03d}"), problem=row.get("problem"),
-        first=row.get("first", int, check=number), second=row.get("second", int, check=number),
+        id=row.get("id", str, default=f"sum-{row.number:03d}"),
+        problem=row.get("problem"),
+        first=row.get("first", int, check=number),
+        second=row.get("second", int, check=number),
         name=row.get("name", str, default=""),
-        scaled=row.get("scaled", str, default="first",
-                       check=lambda v: None if v in ("first", "second") else f"must be 'first' or 'second', got {v!r}"),
+        scaled=row.get(
+            "scaled",
+            str,
+            default="first",
+            check=lambda v: None if v in ("first", "second") else f"must be 'first' or 'second', got {v!r}",
+        ),
     )
     try:
         item.rendered()
@@ -127,8 +137,12 @@ def load_sums() -> list[SumItem]:
 
 
 @dataclass
-class SumsConfig(DurationSweepConfig, DataFileOption,
-                 prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("problem",)), paper=PAPER_TEMPLATE):
+class SumsConfig(
+    DurationSweepConfig,
+    DataFileOption,
+    prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("problem",)),
+    paper=PAPER_TEMPLATE,
+):
     """Options of the sums experiment.
 
     template: the prompt, with a {problem} field and optionally {first} and {second}
@@ -155,8 +169,11 @@ class SumsConfig(DurationSweepConfig, DataFileOption,
 def render_item(lm: Any, item: SumItem, config: SumsConfig) -> Rendered:
     """The item's prompt; its spans hold "scaled": every place where the scaled number is written."""
     problem = item.rendered()
-    outer = render(config.resolved_template(), {"problem": problem.text, "first": str(item.first),
-                                                "second": str(item.second)}, required=("problem",))
+    outer = render(
+        config.resolved_template(),
+        {"problem": problem.text, "first": str(item.first), "second": str(item.second)},
+        required=("problem",),
+    )
     spans = list(outer.spans[item.scaled])
     for start, _ in outer.spans["problem"]:
         spans += [(start + a, start + b) for a, b in problem.spans[item.scaled]]
@@ -184,22 +201,41 @@ class SumRecord:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"item_id": self.item_id, "x": [float(v) for v in self.x], "labels": list(self.labels),
-                "steps": self.steps, "answers": list(self.answers), "truth": self.truth, "scaled": self.scaled,
-                "other": self.other, "meta": self.meta}
+        return {
+            "item_id": self.item_id,
+            "x": [float(v) for v in self.x],
+            "labels": list(self.labels),
+            "steps": self.steps,
+            "answers": list(self.answers),
+            "truth": self.truth,
+            "scaled": self.scaled,
+            "other": self.other,
+            "meta": self.meta,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SumRecord:
         try:
-            record = cls(str(data["item_id"]), np.asarray(data["x"], dtype=np.float64), [str(v) for v in data["labels"]],
-                         [[None if row is None else [float(p) for p in row] for row in step] for step in data["steps"]],
-                         [str(a) for a in data["answers"]], int(data["truth"]), int(data["scaled"]), int(data["other"]),
-                         dict(data.get("meta") or {}))
+            record = cls(
+                str(data["item_id"]),
+                np.asarray(data["x"], dtype=np.float64),
+                [str(v) for v in data["labels"]],
+                [[None if row is None else [float(p) for p in row] for row in step] for step in data["steps"]],
+                [str(a) for a in data["answers"]],
+                int(data["truth"]),
+                int(data["scaled"]),
+                int(data["other"]),
+                dict(data.get("meta") or {}),
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ExperimentError(f"malformed sums record: {exc}") from None
         size = len(record.x)
-        if (not record.steps or len(record.answers) != size or any(len(step) != size for step in record.steps)
-                or not all(a.isdigit() for a in record.answers)):
+        if (
+            not record.steps
+            or len(record.answers) != size
+            or any(len(step) != size for step in record.steps)
+            or not all(a.isdigit() for a in record.answers)
+        ):
             raise ExperimentError(f"malformed sums record {record.item_id}: steps and answers must cover every factor")
         return record
 
@@ -264,16 +300,27 @@ def success(record: SumRecord) -> dict[str, bool]:
     greedy = record.greedy()
     valid = bool(len(ones)) and bool(greedy[ones[0]] == record.truth)
     successful = valid and bool(greedy[0] < record.truth)
-    return {"valid": valid, "successful": successful,
-            "strongly_successful": successful and bool(np.all(np.diff(greedy) >= 0)),
-            "completely_successful": successful and bool(greedy[0] == record.other)}
+    return {
+        "valid": valid,
+        "successful": successful,
+        "strongly_successful": successful and bool(np.all(np.diff(greedy) >= 0)),
+        "completely_successful": successful and bool(greedy[0] == record.other),
+    }
 
 
 SUCCESS = ("valid", "successful", "strongly_successful", "completely_successful")
 
 
-MEASURES = ("correct_at_1", "first_digit_correct_at_1", "slope", "intercept", "r2", "slope_ratio", "spearman",
-            "mae_line")
+MEASURES = (
+    "correct_at_1",
+    "first_digit_correct_at_1",
+    "slope",
+    "intercept",
+    "r2",
+    "slope_ratio",
+    "spearman",
+    "mae_line",
+)
 
 
 @dataclass
@@ -289,8 +336,13 @@ class SumsResult(Records[SumRecord], record=SumRecord):
 def _appended(signal: Signal, token: int) -> Signal:
     """``signal`` followed by ``token`` of duration 1 (one step after its end)."""
     assert signal.token_ids is not None
-    return replace(signal, token_ids=torch.cat([signal.token_ids, torch.tensor([token])]),
-                   durations=torch.cat([signal.durations, torch.ones(1, dtype=torch.float64)]), text=None, offsets=None)
+    return replace(
+        signal,
+        token_ids=torch.cat([signal.token_ids, torch.tensor([token])]),
+        durations=torch.cat([signal.durations, torch.ones(1, dtype=torch.float64)]),
+        text=None,
+        offsets=None,
+    )
 
 
 def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRecord:
@@ -334,8 +386,12 @@ def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRe
         if not live:
             break
     a, b = item.numbers
-    meta = {"problem": item.rendered().text, "scaled_field": item.scaled, "tokens": len(base),
-            **provenance(lm.tokenizer, base, base.token_indices(rendered.spans["scaled"]))}
+    meta = {
+        "problem": item.rendered().text,
+        "scaled_field": item.scaled,
+        "tokens": len(base),
+        **provenance(lm.tokenizer, base, base.token_indices(rendered.spans["scaled"])),
+    }
     return SumRecord(item.id, x, list(sets.labels), steps, answers, item.truth, a, b, meta)
 
 
@@ -360,18 +416,30 @@ class SumsExperiment(Experiment):
     result_type = SumsResult
     metrics = (
         Metric("accuracy_at_1", "higher", "share of problems whose greedy answer at factor 1 is the true sum"),
-        Metric("mean_spearman", "higher", "Spearman correlation of the implied sum with the factor, mean over problems"),
+        Metric(
+            "mean_spearman", "higher", "Spearman correlation of the implied sum with the factor, mean over problems"
+        ),
         Metric("mean_mae_line", "lower", "mean |implied sum - (a·c + b)| over the factors, mean over problems"),
         Metric("valid_rate", "higher", "share of problems whose greedy answer at factor 1 is the true sum"),
-        Metric("successful_rate", "higher", "share of valid problems answered below the true sum at the smallest factor"),
-        Metric("strongly_successful_rate", "higher", "share of valid problems successful with an answer that never grows as c shrinks"),
-        Metric("completely_successful_rate", "higher", "share of valid problems answered b alone at the smallest factor"),
+        Metric(
+            "successful_rate", "higher", "share of valid problems answered below the true sum at the smallest factor"
+        ),
+        Metric(
+            "strongly_successful_rate",
+            "higher",
+            "share of valid problems successful with an answer that never grows as c shrinks",
+        ),
+        Metric(
+            "completely_successful_rate", "higher", "share of valid problems answered b alone at the smallest factor"
+        ),
     )
 
     def items(self, config: SumsConfig) -> Sequence[SumItem]:
         return load_sums() if config.data is None else read_sums(config.data)
 
-    def run(self, lm: Any, config: SumsConfig, items: Sequence[SumItem], context: RunContext) -> Iterator[tuple[str, SumRecord]]:
+    def run(
+        self, lm: Any, config: SumsConfig, items: Sequence[SumItem], context: RunContext
+    ) -> Iterator[tuple[str, SumRecord]]:
         for item in items:
             yield item.id, run_item(lm, item, config, context.evaluate)
 
@@ -379,19 +447,29 @@ class SumsExperiment(Experiment):
         def per_factor() -> Iterator[dict[str, Any]]:
             for r in result.records:
                 for i, (c, implied, line) in enumerate(zip(r.x, r.implied(), r.line())):
-                    yield {"item": r.item_id, "factor": float(c), "answer": r.answers[i], "implied": float(implied),
-                           "line": float(line), "truth": r.truth}
+                    yield {
+                        "item": r.item_id,
+                        "factor": float(c),
+                        "answer": r.answers[i],
+                        "implied": float(implied),
+                        "line": float(line),
+                        "truth": r.truth,
+                    }
 
         def per_digit() -> Iterator[dict[str, Any]]:
             for r in result.records:
                 for k, c, row in ((k, c, row) for k, step in enumerate(r.steps) for c, row in zip(r.x, step) if row):
-                    yield from ({"item": r.item_id, "factor": float(c), "step": k + 1, "label": label, "probability": p}
-                                for label, p in zip(r.labels, row))
+                    yield from (
+                        {"item": r.item_id, "factor": float(c), "step": k + 1, "label": label, "probability": p}
+                        for label, p in zip(r.labels, row)
+                    )
 
         per_item = [{"item": r.item_id, "truth": r.truth, "scaled": r.scaled, **measures(r)} for r in result.records]
-        return {"results": (["item", "factor", "answer", "implied", "line", "truth"], per_factor()),
-                "digits": (["item", "factor", "step", "label", "probability"], per_digit()),
-                "items": (["item", "truth", "scaled", *MEASURES], per_item)}
+        return {
+            "results": (["item", "factor", "answer", "implied", "line", "truth"], per_factor()),
+            "digits": (["item", "factor", "step", "label", "probability"], per_digit()),
+            "items": (["item", "truth", "scaled", *MEASURES], per_item),
+        }
 
     def summary(self, result: SumsResult) -> dict[str, Any]:
         """Accuracy at c = 1, the per-problem :func:`measures` averaged over problems (``mean_``), the median slope ratio."""
@@ -423,114 +501,13 @@ class SumsExperiment(Experiment):
         return {"factor_min": float(x.min()), "factor_max": float(x.max()), "samples": len(x)}
 
     def summary_figure(self, result: SumsResult) -> Any:
-        return summary_figure(result)
+        return figures.sums_summary_figure(result, [success(r) for r in result.records], SUCCESS)
 
     def item_figure(self, result: SumsResult, record: SumRecord) -> Any:
-        return item_figure(result, record)
+        return figures.sums_item_figure(result, record)
 
     def comparison(self, results: Sequence[tuple[str, SumsResult]]) -> Any:
-        return comparison_figure(results)
-
-
-# ------------------------------------------------------------------------------ figures
-
-
-def read_share(record: SumRecord) -> np.ndarray:
-    """(implied sum - b) / a [S]: how much of the scaled number the sum holds (c on the line; nan when a = 0)."""
-    if record.scaled == 0:
-        return np.full(len(record.x), np.nan)
-    return (record.implied() - record.other) / record.scaled
-
-
-def item_figure(result: SumsResult, record: SumRecord) -> Any:
-    """One problem: the implied sum and the greedy answer against c with the line a·c + b; the first digit below."""
-    from contllm.plotting import plt
-
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 7), sharex=True, constrained_layout=True)
-    top.plot(record.x, record.implied(), "k-o", ms=3, label="implied sum")
-    top.plot(record.x, record.greedy(), "s", color="tab:blue", ms=4, alpha=0.7, label="greedy answer")
-    top.plot(record.x, record.line(), "--", color="tab:orange", label=f"{record.scaled}·c + {record.other}")
-    top.axhline(record.truth, color="0.5", ls=":", lw=1, label=f"true sum {record.truth}")
-    top.set_ylabel("sum")
-    top.grid(alpha=0.3)
-    top.legend(fontsize=8)
-    colors = plt.get_cmap("tab10")
-    first = record.first_digit()
-    for j, label in enumerate(record.labels):
-        bold = label == str(record.truth)[0]
-        bottom.plot(record.x, first[:, j], "-", lw=2.6 if bold else 1.2, color=colors(j), label=label)
-    bottom.set(xlabel="duration factor c of the scaled number", ylabel="P(first digit)", ylim=(-0.02, 1.02))
-    bottom.grid(alpha=0.3)
-    bottom.legend(fontsize=7, ncol=5, title="first digit (true one bold)", title_fontsize=7)
-    problem = str(record.meta.get("problem", ""))
-    top.set_title(f"{result.model} · sums · {record.item_id}: {record.scaled} scaled\n{problem[:110]}", fontsize=9)
-    return fig
-
-
-def summary_figure(result: SumsResult) -> Any:
-    """Across problems: how much of the scaled number the implied sum holds, and which answers are written, against c."""
-    from contllm.plotting import plt
-
-    x, records = result.common()
-    fig, (left, right, rates) = plt.subplots(1, 3, figsize=(17, 4.8), constrained_layout=True)
-    outcomes = [success(r) for r in result.records]
-    valid = [o for o in outcomes if o["valid"]]
-    values = [np.mean([o["valid"] for o in outcomes])] + [np.mean([o[k] for o in valid]) if valid else np.nan
-                                                          for k in SUCCESS[1:]]
-    rates.bar(range(4), values, color=["0.5", "tab:blue", "tab:green", "tab:purple"])
-    for k, v in enumerate(values):
-        rates.annotate("n/a" if not np.isfinite(v) else f"{v:.2f}", (k, 0 if not np.isfinite(v) else v), ha="center",
-                       va="bottom", fontsize=8)
-    rates.set_xticks(range(4), ["valid\n(of all)", "successful\n(of valid)", "strongly", "completely"])
-    rates.set(ylim=(0, 1.1), ylabel="share of problems", title=f"outcomes ({len(valid)} of {len(outcomes)} valid)")
-    shares = np.array([read_share(r) for r in records])
-    for row in shares:
-        left.plot(x, row, "-", color="0.8", lw=0.8)
-    low, median, high = np.nanpercentile(shares, [25, 50, 75], axis=0)
-    left.fill_between(x, low, high, color="0.4", alpha=0.25, label="25-75% of problems")
-    left.plot(x, median, "k-o", ms=3, lw=2, label=f"median over {len(records)} problems")
-    left.plot(x, x, "--", color="tab:orange", label="read as c times the number (a·c + b)")
-    # An answer with a digit too many puts a problem far off the scale; the median keeps its place.
-    left.set(xlabel="duration factor c of the scaled number a", ylabel="(implied sum − b) / a", ylim=(-1.0, 3.0),
-             title="share of the scaled number in the implied sum (clipped to -1..3)")
-    greedy = np.array([r.greedy() for r in records])
-    truth = np.array([[r.truth] for r in records])
-    other = np.array([[r.other] for r in records])
-    right.plot(x, np.mean(greedy == truth, axis=0), "-o", ms=3, label="greedy answer = a + b")
-    right.plot(x, np.mean(greedy == other, axis=0), "-s", ms=3, label="greedy answer = b (a left out)")
-    right.set(xlabel="duration factor c of the scaled number a", ylabel="share of problems", ylim=(-0.02, 1.02),
-              title="answers written")
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    for ax in (left, right, rates):
-        ax.title.set_fontsize(9)
-    fig.suptitle(f"{result.model} · sums · {len(result.records)} problems", fontsize=12)
-    return fig
-
-
-def comparison_figure(results: Sequence[tuple[str, SumsResult]]) -> Any:
-    """Runs side by side: the median share of the scaled number and the accuracy against c."""
-    from contllm.plotting import plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
-    colors = plt.get_cmap("tab10")
-    for k, (label, result) in enumerate(results):
-        x, records = result.common()
-        left.plot(x, np.nanmedian([read_share(r) for r in records], axis=0), "-o", ms=3, color=colors(k % 10),
-                  label=f"{label} ({len(records)} problems)")
-        right.plot(x, np.mean([r.greedy() == r.truth for r in records], axis=0), "-o", ms=3, color=colors(k % 10),
-                   label=label)
-    grid = np.concatenate([result.common()[0] for _, result in results])
-    left.plot(np.sort(grid), np.sort(grid), "--", color="0.4", label="a·c + b")
-    left.set(xlabel="duration factor c", ylabel="median (implied sum − b) / a", title="share of the scaled number")
-    right.set(xlabel="duration factor c", ylabel="share of problems", ylim=(-0.02, 1.02),
-              title="greedy answer = true sum")
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("sums: " + " vs ".join(dict.fromkeys(label for label, _ in results)), fontsize=12)
-    return fig
+        return figures.sums_comparison_figure(results)
 
 
 EXPERIMENT = SumsExperiment()

@@ -40,7 +40,9 @@ def sweep_values(low: float, high: float, samples: int | None, *, include: float
     if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
         raise ExperimentError(f"samples must be an integer >= 1, got {samples!r}")
     if samples > MAX_SAMPLES:
-        raise ExperimentError(f"samples must be at most {MAX_SAMPLES} (every value of a sweep is held in memory), got {samples}")
+        raise ExperimentError(
+            f"samples must be at most {MAX_SAMPLES} (every value of a sweep is held in memory), got {samples}"
+        )
     if samples == 1 and low != high:
         raise ExperimentError("one sample needs a range with min == max")
     if samples > 1 and low == high:
@@ -56,7 +58,8 @@ def sweep_values(low: float, high: float, samples: int | None, *, include: float
 PROTOCOLS = ("contllm", "paper")
 
 PROTOCOL = Option(
-    "protocol", "str",
+    "protocol",
+    "str",
     "contllm (the toolkit's prompts and exact read-outs) or paper (the paper's prompts, token selection, "
     "read-out sets and sampling density; see docs/paper.md). [default: contllm]",
 )
@@ -109,8 +112,12 @@ class DurationSweepConfig:
     SAMPLES: ClassVar[int] = 10
     PAPER_SAMPLES: ClassVar[int] = 100
 
-    def __init_subclass__(cls, prompts: tuple[str, str, tuple[str, ...], tuple[str, ...]] | None = None,
-                          paper: str | None = None, **rest: Any) -> None:
+    def __init_subclass__(
+        cls,
+        prompts: tuple[str, str, tuple[str, ...], tuple[str, ...]] | None = None,
+        paper: str | None = None,
+        **rest: Any,
+    ) -> None:
         """``prompts``: (default template, chat template, the template's fields, the fields it must hold);
         ``paper``: the template of the paper's protocol."""
         super().__init_subclass__(**rest)
@@ -147,8 +154,16 @@ def sweep_options(knob: str, default_range: str, default_samples: int) -> tuple[
     """The options every sweep experiment takes (each adds its own): range, samples, template, chat."""
     return (
         Option("range", "range", f"MIN,MAX of {knob}. [default: {default_range}]"),
-        Option("samples", "int", f"Values of {knob} per item (1.0 is added to duration factors inside the range). [default: {default_samples}]"),
-        Option("template", "str", "Prompt template; see the experiment's docs for its fields. [default: the experiment's own]"),
+        Option(
+            "samples",
+            "int",
+            f"Values of {knob} per item (1.0 is added to duration factors inside the range). [default: {default_samples}]",
+        ),
+        Option(
+            "template",
+            "str",
+            "Prompt template; see the experiment's docs for its fields. [default: the experiment's own]",
+        ),
         Option("chat", "bool", "Wrap prompts in the model's chat template.", flag="--chat/--no-chat"),
     )
 
@@ -161,18 +176,30 @@ def provenance(tokenizer: Any, signal: Signal, edited: Sequence[int], suffix: st
     ``suffix`` (e.g. "_second") the keys name the other end of an interpolation.
     """
     ids = [] if signal.token_ids is None else signal.token_ids.tolist()
-    return {f"prompt{suffix}": signal.text, f"edited{suffix}": [int(i) for i in edited],
-            f"edited_tokens{suffix}": [tokenizer.decode([ids[i]], clean_up_tokenization_spaces=False) for i in edited]}
+    return {
+        f"prompt{suffix}": signal.text,
+        f"edited{suffix}": [int(i) for i in edited],
+        f"edited_tokens{suffix}": [tokenizer.decode([ids[i]], clean_up_tokenization_spaces=False) for i in edited],
+    }
 
 
 def ends_provenance(tokenizer: Any, first: Signal, span_first: Any, second: Signal, span_second: Any) -> dict[str, Any]:
     """:func:`provenance` of both ends of an interpolation: the first prompt's keys plain, the second's with "_second"."""
-    return {**provenance(tokenizer, first, first.token_indices(span_first)),
-            **provenance(tokenizer, second, second.token_indices(span_second), "_second")}
+    return {
+        **provenance(tokenizer, first, first.token_indices(span_first)),
+        **provenance(tokenizer, second, second.token_indices(span_second), "_second"),
+    }
 
 
-def scaled_plan(lm: Any, item_id: str, text: str, spans: Sequence[Any], config: DurationSweepConfig, truth: str,
-                meta: dict[str, Any]) -> SweepPlan:
+def scaled_plan(
+    lm: Any,
+    item_id: str,
+    text: str,
+    spans: Sequence[Any],
+    config: DurationSweepConfig,
+    truth: str,
+    meta: dict[str, Any],
+) -> SweepPlan:
     """A duration sweep: the prompt ``text`` with ``spans`` scaled by each factor of ``config``; digits read out."""
     from contllm.readout import digits
 
@@ -180,8 +207,15 @@ def scaled_plan(lm: Any, item_id: str, text: str, spans: Sequence[Any], config: 
     factors = sweep_values(config.low, config.high, config.samples)
     edited = base.token_indices(list(spans))
     signals = [base.scale_tokens(edited, float(c)) for c in factors]
-    return SweepPlan(item_id, factors, signals, digits(lm.tokenizer), truth=truth,
-                     meta={**meta, "tokens": len(base), **provenance(lm.tokenizer, base, edited)}, edited=edited)
+    return SweepPlan(
+        item_id,
+        factors,
+        signals,
+        digits(lm.tokenizer),
+        truth=truth,
+        meta={**meta, "tokens": len(base), **provenance(lm.tokenizer, base, edited)},
+        edited=edited,
+    )
 
 
 @dataclass
@@ -386,16 +420,27 @@ class CountingSweepExperiment(SweepExperiment):
     counts: ClassVar[bool] = True
     metrics = (
         Metric("accuracy_at_1", "higher", "share of items whose most probable digit at factor 1 is the true count"),
-        Metric("mean_spearman_implied_vs_factor", "higher",
-               "Spearman correlation of the implied count E[k] with the factor, mean over items"),
-        Metric("auc_observed_time_sensitivity", "higher",
-               "area over h of the share of counts 1..n reaching probability h somewhere on the sweep"),
+        Metric(
+            "mean_spearman_implied_vs_factor",
+            "higher",
+            "Spearman correlation of the implied count E[k] with the factor, mean over items",
+        ),
+        Metric(
+            "auc_observed_time_sensitivity",
+            "higher",
+            "area over h of the share of counts 1..n reaching probability h somewhere on the sweep",
+        ),
         Metric("auc_counterfactual_time_sensitivity", "higher", "the same, read only at factor 1"),
-        Metric("argmax_coverage", "higher",
-               "share of counts 1..n that are the most probable digit at some factor (the pure peak rate)"),
+        Metric(
+            "argmax_coverage",
+            "higher",
+            "share of counts 1..n that are the most probable digit at some factor (the pure peak rate)",
+        ),
         Metric("auc_iou", "higher", "area over h of the IoU of the digits reaching h on the sweep with {1..n}"),
         Metric("unpure_peak_rate", "higher", "share of counts 1..n whose probability has a local maximum on the sweep"),
-        Metric("pure_peak_gain", "higher", "argmax_coverage minus the mean of 1/n (what a sweep showing one count reaches)"),
+        Metric(
+            "pure_peak_gain", "higher", "argmax_coverage minus the mean of 1/n (what a sweep showing one count reaches)"
+        ),
         Metric("unpure_peak_gain", "higher", "unpure_peak_rate minus the mean of 1/n"),
     )
 
@@ -417,8 +462,12 @@ class CountingSweepExperiment(SweepExperiment):
         rates = metrics.peak_rates(curves)
         out["argmax_coverage"] = rates.pure
         out["auc_iou"] = metrics.area_under_curve(h, metrics.iou_curve(curves, h))
-        out.update(unpure_peak_rate=rates.unpure, chance_peak_rate=rates.chance, pure_peak_gain=rates.pure - rates.chance,
-                   unpure_peak_gain=rates.unpure - rates.chance)
+        out.update(
+            unpure_peak_rate=rates.unpure,
+            chance_peak_rate=rates.chance,
+            pure_peak_gain=rates.pure - rates.chance,
+            unpure_peak_gain=rates.unpure - rates.chance,
+        )
         return out
 
     def summary_figure(self, result: ExperimentResult) -> Any:

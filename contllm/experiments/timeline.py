@@ -28,8 +28,8 @@ from contllm.experiments.sweeps import sweep_values
 from contllm.experiments.tracking import (
     DEFAULT_THRESHOLD,
     PromptItem,
-    TrackPlan,
     TrackingExperiment,
+    TrackPlan,
     TrackResult,
     check_threshold,
     load_items,
@@ -132,8 +132,11 @@ def timeline_options(range_help: str, samples_help: str) -> tuple[Option, ...]:
     return (
         Option("range", "range", range_help),
         Option("samples", "int", samples_help),
-        Option("threshold", "float",
-               f"Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]"),
+        Option(
+            "threshold",
+            "float",
+            f"Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]",
+        ),
         Option("data", "str", data_option_help(PROMPT_ROWS)),
     )
 
@@ -151,8 +154,9 @@ class TimelineExperiment(TrackingExperiment):
     def sweep(self, lm: Any, item: PromptItem, config: Any) -> TrackPlan:
         base = lm.signal(item.prompt)
         values = config.values()
-        return TrackPlan(self.knob, values, [self.move(base, float(v)) for v in values], self.reference,
-                         _meta(lm, item, base))
+        return TrackPlan(
+            self.knob, values, [self.move(base, float(v)) for v in values], self.reference, _meta(lm, item, base)
+        )
 
     def items(self, config: Any) -> Sequence[PromptItem]:
         return load_items(config.data, edits=False)
@@ -171,8 +175,10 @@ class ScalingExperiment(TimelineExperiment):
         "of the tokens dataset (ids such as capital-france), or --data."
     )
     Config = ScalingConfig
-    options = timeline_options("MIN,MAX of the scale s (> 0). [default: 0.01,1.5]",
-                               "Values of s per prompt (1.0 is added when inside the range). [default: 30]")
+    options = timeline_options(
+        "MIN,MAX of the scale s (> 0). [default: 0.01,1.5]",
+        "Values of s per prompt (1.0 is added when inside the range). [default: 30]",
+    )
 
     knob, reference, move = "s", 1.0, staticmethod(scaled)
 
@@ -184,8 +190,12 @@ class ScalingExperiment(TimelineExperiment):
             at_min = [(t, int(np.argmin(t.x)), int(np.flatnonzero(t.x == t.reference)[0])) for t in with_one]
             out["smallest_s"] = float(min(t.x.min() for t in with_one))
             out["mean_tv_at_smallest_s"] = float(np.mean([t.tv[k] for t, k, _ in at_min]))  # type: ignore[index]
-            out["share_argmax_kept_at_smallest_s"] = float(np.mean([t.top_ids[k] == t.top_ids[r] for t, k, r in at_min]))
-            out["mean_lowest_s_keeping_argmax"] = float(np.mean([_lowest_kept(t.x, t.top_ids, r) for t, _, r in at_min]))
+            out["share_argmax_kept_at_smallest_s"] = float(
+                np.mean([t.top_ids[k] == t.top_ids[r] for t, k, r in at_min])
+            )
+            out["mean_lowest_s_keeping_argmax"] = float(
+                np.mean([_lowest_kept(t.x, t.top_ids, r) for t, _, r in at_min])
+            )
         return out
 
 
@@ -213,8 +223,10 @@ class TranslationExperiment(TimelineExperiment):
     )
     Config = TranslationConfig
     distance = "max_dp"
-    options = timeline_options("MIN,MAX of the shift tau (must hold 0). [default: 0,10]",
-                               "Values of tau per prompt (0 is added when inside the range). [default: 21]")
+    options = timeline_options(
+        "MIN,MAX of the shift tau (must hold 0). [default: 0,10]",
+        "Values of tau per prompt (0 is added when inside the range). [default: 21]",
+    )
 
     knob, reference, move = "tau", 0.0, staticmethod(translated)
 
@@ -227,8 +239,11 @@ class TranslationExperiment(TimelineExperiment):
         if tracks:
             per_item = {t.item_id: float(t.max_dp.max()) for t in tracks}  # type: ignore[union-attr]
             tau_max = float(max(t.x.max() for t in tracks))
-            at_max = [float(t.max_dp[int(np.argmax(t.x))])  # type: ignore[index]
-                      for t in tracks if np.isclose(t.x.max(), tau_max)]
+            at_max = [
+                float(t.max_dp[int(np.argmax(t.x))])  # type: ignore[index]
+                for t in tracks
+                if np.isclose(t.x.max(), tau_max)
+            ]
             out["max_abs_dp"] = max(per_item.values())
             out["mean_max_abs_dp"] = float(np.mean(list(per_item.values())))
             out["tau_max"] = tau_max

@@ -23,9 +23,9 @@ from contllm.experiments.tracking import (
     DEFAULT_THRESHOLD,
     ROWS,
     PromptItem,
-    TrackPlan,
     Track,
     TrackingExperiment,
+    TrackPlan,
     TrackResult,
     check_threshold,
     load_items,
@@ -84,15 +84,18 @@ def tokens_sweep(lm: Any, item: PromptItem, config: TokensConfig) -> TrackPlan:
         factors = config.factor_values()
         meta["tokens"] = len(base.token_indices(span))
         return TrackPlan("factor", factors, [base.scale(span, float(c)) for c in factors], 1.0, meta)
-    other = item.prompt[: span[0]] + item.to + item.prompt[span[1]:]
+    other = item.prompt[: span[0]] + item.to + item.prompt[span[1] :]
     span_b = (span[0], span[0] + len(item.to))
     embedding = lm.model.get_input_embeddings()
     a, b = base.embedded(embedding), lm.signal(other).embedded(embedding)
     alphas = config.alphas()
-    signals = [interpolate_spans(a, span, b, span_b, float(v), method=config.method)  # type: ignore[arg-type]
-               for v in alphas]
-    meta.update(to=item.to, method=config.method, tokens=len(a.token_indices(span)),
-                tokens_to=len(b.token_indices(span_b)))
+    signals = [
+        interpolate_spans(a, span, b, span_b, float(v), method=config.method)  # type: ignore[arg-type]
+        for v in alphas
+    ]
+    meta.update(
+        to=item.to, method=config.method, tokens=len(a.token_indices(span)), tokens_to=len(b.token_indices(span_b))
+    )
     return TrackPlan("alpha", alphas, signals, 0.0, meta)
 
 
@@ -109,11 +112,17 @@ class TokensExperiment(TrackingExperiment):
     Config = TokensConfig
     options = (
         Option("range", "range", "MIN,MAX of alpha (within 0,1) for interpolated words. [default: 0,1]"),
-        Option("factors", "floats",
-               "MIN,MAX of the duration factor of scaled spans (1.0 added when inside). [default: 0,2]"),
+        Option(
+            "factors",
+            "floats",
+            "MIN,MAX of the duration factor of scaled spans (1.0 added when inside). [default: 0,2]",
+        ),
         Option("samples", "int", "Values of alpha (or of the factor) per item. [default: 21]"),
-        Option("threshold", "float",
-               f"Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]"),
+        Option(
+            "threshold",
+            "float",
+            f"Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]",
+        ),
         METHOD,
         Option("data", "str", data_option_help(ROWS)),
     )
@@ -135,7 +144,9 @@ class TokensExperiment(TrackingExperiment):
 
     def describe(self, t: Track) -> str:
         m = t.meta
-        edit = f"{m.get('span')!r} -> {m.get('to')!r}" if m.get("edit") == "interpolate" else f"{m.get('span')!r} scaled"
+        edit = (
+            f"{m.get('span')!r} -> {m.get('to')!r}" if m.get("edit") == "interpolate" else f"{m.get('span')!r} scaled"
+        )
         return f"{m.get('prompt')!r}: {edit}"
 
     def summary(self, result: TrackResult) -> dict[str, Any]:

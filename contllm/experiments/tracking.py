@@ -36,8 +36,10 @@ MIN_THRESHOLD = 1e-3
 #: Distances drawn on a log axis are clipped here (0 at the reference itself).
 FLOOR = 1e-10
 BUILT_IN = Path(__file__).resolve().parents[1] / "data" / "tokens.json"
-ROWS = ("id, prompt, span (text of the prompt to edit), "
-        "to (optional: interpolate span into it; without it the span's duration is scaled)")
+ROWS = (
+    "id, prompt, span (text of the prompt to edit), "
+    "to (optional: interpolate span into it; without it the span's duration is scaled)"
+)
 
 
 # ---------------------------------------------------------------------------- items
@@ -82,8 +84,9 @@ def _item(row: Row, edits: bool) -> PromptItem:
     prompt = row.get("prompt", str)
     if not edits:
         return PromptItem(item_id, prompt)
-    span = row.get("span", str,
-                   check=lambda s: None if find_span(prompt, s) else "does not occur as whole words in the prompt")
+    span = row.get(
+        "span", str, check=lambda s: None if find_span(prompt, s) else "does not occur as whole words in the prompt"
+    )
     to = row.get("to", str, default=None, check=lambda t: "equals the span" if t == span else None)
     return PromptItem(item_id, prompt, span, to)
 
@@ -125,12 +128,20 @@ class Track:
     def to_dict(self) -> dict[str, Any]:
         floats = lambda v: None if v is None else [float(a) for a in v]  # noqa: E731
         return {
-            "item_id": self.item_id, "knob": self.knob, "x": floats(self.x),
-            "token_ids": list(self.token_ids), "labels": list(self.labels),
+            "item_id": self.item_id,
+            "knob": self.knob,
+            "x": floats(self.x),
+            "token_ids": list(self.token_ids),
+            "labels": list(self.labels),
             "probs": [floats(row) for row in self.probs],
-            "top_ids": list(self.top_ids), "top_labels": list(self.top_labels), "top_probs": floats(self.top_probs),
-            "reference": self.reference, "tv": floats(self.tv), "max_dp": floats(self.max_dp),
-            "step_tv": floats(self.step_tv), "meta": self.meta,
+            "top_ids": list(self.top_ids),
+            "top_labels": list(self.top_labels),
+            "top_probs": floats(self.top_probs),
+            "reference": self.reference,
+            "tv": floats(self.tv),
+            "max_dp": floats(self.max_dp),
+            "step_tv": floats(self.step_tv),
+            "meta": self.meta,
         }
 
     @classmethod
@@ -138,12 +149,19 @@ class Track:
         arr = lambda v: None if v is None else np.asarray(v, dtype=np.float64)  # noqa: E731
         try:
             track = cls(
-                item_id=str(data["item_id"]), knob=str(data["knob"]), x=arr(data["x"]),
-                token_ids=[int(i) for i in data["token_ids"]], labels=[str(v) for v in data["labels"]],
+                item_id=str(data["item_id"]),
+                knob=str(data["knob"]),
+                x=arr(data["x"]),
+                token_ids=[int(i) for i in data["token_ids"]],
+                labels=[str(v) for v in data["labels"]],
                 probs=np.asarray(data["probs"], dtype=np.float64).reshape(len(data["x"]), len(data["token_ids"])),
-                top_ids=[int(i) for i in data["top_ids"]], top_labels=[str(v) for v in data["top_labels"]],
-                top_probs=arr(data["top_probs"]), reference=None if data["reference"] is None else float(data["reference"]),
-                tv=arr(data["tv"]), max_dp=arr(data["max_dp"]), step_tv=arr(data["step_tv"]),
+                top_ids=[int(i) for i in data["top_ids"]],
+                top_labels=[str(v) for v in data["top_labels"]],
+                top_probs=arr(data["top_probs"]),
+                reference=None if data["reference"] is None else float(data["reference"]),
+                tv=arr(data["tv"]),
+                max_dp=arr(data["max_dp"]),
+                step_tv=arr(data["step_tv"]),
                 meta=dict(data.get("meta") or {}),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -167,8 +185,17 @@ def vocabulary_labels(tokenizer: Any, size: int) -> tuple[str, ...]:
     return tuple(known[:size]) + tuple(f"<id {i}>" for i in range(len(known), size))
 
 
-def track(item_id: str, knob: str, x: np.ndarray, probs: torch.Tensor, labels: Sequence[str], *,
-          threshold: float, reference: float | None, meta: dict[str, Any] | None = None) -> Track:
+def track(
+    item_id: str,
+    knob: str,
+    x: np.ndarray,
+    probs: torch.Tensor,
+    labels: Sequence[str],
+    *,
+    threshold: float,
+    reference: float | None,
+    meta: dict[str, Any] | None = None,
+) -> Track:
     """Reduce full next-token distributions probs [S, vocab] over the knob's values x [S] to a :class:`Track`.
 
     A token is tracked when its probability exceeds ``threshold`` at some value; tracked
@@ -193,12 +220,20 @@ def track(item_id: str, knob: str, x: np.ndarray, probs: torch.Tensor, labels: S
         diff = (p - p[ref_index]).abs()
         tv, max_dp = (0.5 * diff.sum(dim=1)).numpy(), diff.max(dim=1).values.numpy()
     return Track(
-        item_id=item_id, knob=knob, x=np.asarray(x, dtype=np.float64),
-        token_ids=tracked, labels=[labels[i] for i in tracked], probs=p[:, tracked].numpy(),
-        top_ids=top.tolist(), top_labels=[labels[i] for i in top.tolist()],
+        item_id=item_id,
+        knob=knob,
+        x=np.asarray(x, dtype=np.float64),
+        token_ids=tracked,
+        labels=[labels[i] for i in tracked],
+        probs=p[:, tracked].numpy(),
+        top_ids=top.tolist(),
+        top_labels=[labels[i] for i in top.tolist()],
         top_probs=p.gather(1, top[:, None])[:, 0].numpy(),
-        reference=None if ref_index is None else float(x[ref_index]), tv=tv, max_dp=max_dp,
-        step_tv=(0.5 * (p[1:] - p[:-1]).abs().sum(dim=1)).numpy(), meta=dict(meta or {}),
+        reference=None if ref_index is None else float(x[ref_index]),
+        tv=tv,
+        max_dp=max_dp,
+        step_tv=(0.5 * (p[1:] - p[:-1]).abs().sum(dim=1)).numpy(),
+        meta=dict(meta or {}),
     )
 
 
@@ -235,8 +270,11 @@ class TrackingExperiment(Experiment):
     shardable: ClassVar[bool] = True
     result_type = TrackResult
     metrics = (
-        Metric("mean_max_step_tv", "lower",
-               "largest total variation between neighbouring values of the knob, mean over items (smoothness)"),
+        Metric(
+            "mean_max_step_tv",
+            "lower",
+            "largest total variation between neighbouring values of the knob, mean over items (smoothness)",
+        ),
         Metric("mean_path_tv", "lower", "total variation summed along the sweep, mean over items"),
         Metric("share_argmax_changes", "lower", "share of items whose most probable token changes on the sweep"),
     )
@@ -254,30 +292,56 @@ class TrackingExperiment(Experiment):
             probs = context.evaluate(plan.signals)
             if labels is None:
                 labels = vocabulary_labels(lm.tokenizer, int(probs.shape[-1]))
-            yield item.id, track(item.id, plan.knob, plan.x, probs, labels, threshold=config.threshold,
-                                 reference=plan.reference, meta=plan.meta)
+            yield (
+                item.id,
+                track(
+                    item.id,
+                    plan.knob,
+                    plan.x,
+                    probs,
+                    labels,
+                    threshold=config.threshold,
+                    reference=plan.reference,
+                    meta=plan.meta,
+                ),
+            )
 
     def tables(self, result: TrackResult) -> dict[str, Table]:
         """results.csv: every tracked token's probability at each value; values.csv: top token and distances per value."""
+
         def curves() -> Iterator[dict[str, Any]]:
             for t in result.tracks:
                 for k, x in enumerate(t.x):
                     for j, (tid, label) in enumerate(zip(t.token_ids, t.labels)):
-                        yield {"item": t.item_id, "knob": t.knob, "x": float(x), "token_id": tid, "token": label,
-                               "probability": float(t.probs[k, j])}
+                        yield {
+                            "item": t.item_id,
+                            "knob": t.knob,
+                            "x": float(x),
+                            "token_id": tid,
+                            "token": label,
+                            "probability": float(t.probs[k, j]),
+                        }
 
         def values() -> Iterator[dict[str, Any]]:
             for t in result.tracks:
                 for k, x in enumerate(t.x):
-                    yield {"item": t.item_id, "knob": t.knob, "x": float(x), "top_id": t.top_ids[k],
-                           "top_token": t.top_labels[k], "top_probability": float(t.top_probs[k]),
-                           "tv_from_reference": "" if t.tv is None else float(t.tv[k]),
-                           "max_abs_dp": "" if t.max_dp is None else float(t.max_dp[k])}
+                    yield {
+                        "item": t.item_id,
+                        "knob": t.knob,
+                        "x": float(x),
+                        "top_id": t.top_ids[k],
+                        "top_token": t.top_labels[k],
+                        "top_probability": float(t.top_probs[k]),
+                        "tv_from_reference": "" if t.tv is None else float(t.tv[k]),
+                        "max_abs_dp": "" if t.max_dp is None else float(t.max_dp[k]),
+                    }
 
         return {
             "results": (["item", "knob", "x", "token_id", "token", "probability"], curves()),
-            "values": (["item", "knob", "x", "top_id", "top_token", "top_probability", "tv_from_reference",
-                        "max_abs_dp"], values()),
+            "values": (
+                ["item", "knob", "x", "top_id", "top_token", "top_probability", "tv_from_reference", "max_abs_dp"],
+                values(),
+            ),
         }
 
     def common_summary(self, result: TrackResult) -> dict[str, Any]:
@@ -285,8 +349,12 @@ class TrackingExperiment(Experiment):
         tracks = result.tracks
         if not tracks:
             raise ExperimentError("the result holds no items")
-        out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(tracks),
-                               "threshold": result.config.get("threshold")}
+        out: dict[str, Any] = {
+            "experiment": result.experiment,
+            "model": result.model,
+            "items": len(tracks),
+            "threshold": result.config.get("threshold"),
+        }
         counts = [len(t.token_ids) for t in tracks]
         out["mean_tracked_tokens"] = float(np.mean(counts))
         out["max_tracked_tokens"] = int(max(counts))
@@ -305,8 +373,13 @@ class TrackingExperiment(Experiment):
         out: dict[str, Any] = {}
         for t in result.tracks:
             if f"{t.knob}_min" not in out:
-                out.update({f"{t.knob}_min": float(t.x.min()), f"{t.knob}_max": float(t.x.max()),
-                            f"{t.knob}_samples": len(t.x)})
+                out.update(
+                    {
+                        f"{t.knob}_min": float(t.x.min()),
+                        f"{t.knob}_max": float(t.x.max()),
+                        f"{t.knob}_samples": len(t.x),
+                    }
+                )
         return out
 
     def describe(self, t: Track) -> str:
@@ -322,13 +395,15 @@ class TrackingExperiment(Experiment):
         return comparison_figure(results, self.distance)
 
 
-
-
 # ---------------------------------------------------------------------------- figures
 #: Tracked tokens drawn in colour with a legend entry; the rest are drawn thin and grey.
 NAMED = 10
-_KNOB_NAMES = {"alpha": "interpolation alpha", "factor": "duration factor of the span",
-               "s": "duration scale s (every token)", "tau": "time shift tau"}
+_KNOB_NAMES = {
+    "alpha": "interpolation alpha",
+    "factor": "duration factor of the span",
+    "s": "duration scale s (every token)",
+    "tau": "time shift tau",
+}
 _DISTANCE_NAMES = {"tv": "total variation from the reference", "max_dp": "max |dp| from the reference"}
 
 
@@ -350,8 +425,9 @@ def item_figure(result: TrackResult, t: Track, what: str) -> Any:
     """One item: every tracked token's probability against the knob (top), distances from the reference (bottom)."""
     from contllm.plotting import plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, constrained_layout=True,
-                                      gridspec_kw={"height_ratios": [3, 1.3]})
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(8, 6), sharex=True, constrained_layout=True, gridspec_kw={"height_ratios": [3, 1.3]}
+    )
     colors = plt.get_cmap("tab10")
     for j, label in enumerate(t.labels):
         if j < NAMED:
@@ -363,8 +439,9 @@ def item_figure(result: TrackResult, t: Track, what: str) -> Any:
     if isinstance(threshold, (int, float)):
         top.axhline(float(threshold), color="0.5", ls="--", lw=0.8)
     more = len(t.labels) - NAMED
-    top.legend(fontsize=7, loc="best", title=f"tracked tokens{f' (+{more} in grey)' if more > 0 else ''}",
-               title_fontsize=7)
+    top.legend(
+        fontsize=7, loc="best", title=f"tracked tokens{f' (+{more} in grey)' if more > 0 else ''}", title_fontsize=7
+    )
     top.set_ylabel("probability")
     top.set_ylim(-0.02, 1.02)
     top.grid(alpha=0.3)
@@ -376,8 +453,15 @@ def item_figure(result: TrackResult, t: Track, what: str) -> Any:
         bottom.legend(fontsize=7, loc="best")
         bottom.set_ylabel("from the\nreference", fontsize=8)
     else:
-        bottom.text(0.5, 0.5, "the reference (plain prompt) is not on this sweep", ha="center", va="center",
-                    transform=bottom.transAxes, fontsize=8)
+        bottom.text(
+            0.5,
+            0.5,
+            "the reference (plain prompt) is not on this sweep",
+            ha="center",
+            va="center",
+            transform=bottom.transAxes,
+            fontsize=8,
+        )
     bottom.grid(alpha=0.3)
     bottom.set_xlabel(_knob_name(t.knob))
     return fig
@@ -388,8 +472,9 @@ def summary_figure(result: TrackResult, distance: str) -> Any:
     from contllm.plotting import plt
 
     knobs = list(dict.fromkeys(t.knob for t in result.tracks))
-    fig, axes = plt.subplots(1, len(knobs) + 1, figsize=(5.5 * (len(knobs) + 1), 4.5), constrained_layout=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(knobs) + 1, figsize=(5.5 * (len(knobs) + 1), 4.5), constrained_layout=True, squeeze=False
+    )
     for ax, knob in zip(axes[0], knobs):
         tracks = [t for t in result.tracks if t.knob == knob and _distance(t, distance) is not None]
         for t in tracks:
@@ -398,8 +483,13 @@ def summary_figure(result: TrackResult, distance: str) -> Any:
             x, same = _grid(tracks)
             values = np.array([_distance(t, distance) for t in same])
             line = values.max(axis=0) if distance == "max_dp" else values.mean(axis=0)
-            ax.plot(x, np.maximum(line, FLOOR), "k-", lw=2.4,
-                    label=f"{'max' if distance == 'max_dp' else 'mean'} over {len(same)} items")
+            ax.plot(
+                x,
+                np.maximum(line, FLOOR),
+                "k-",
+                lw=2.4,
+                label=f"{'max' if distance == 'max_dp' else 'mean'} over {len(same)} items",
+            )
             ax.legend(fontsize=8)
         if distance == "max_dp":
             ax.set_yscale("log")
@@ -423,8 +513,9 @@ def comparison_figure(results: Sequence[tuple[str, TrackResult]], distance: str)
     from contllm.plotting import plt
 
     knobs = list(dict.fromkeys(t.knob for _, r in results for t in r.tracks))
-    fig, axes = plt.subplots(1, max(1, len(knobs)), figsize=(6 * max(1, len(knobs)), 4.5), constrained_layout=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(knobs)), figsize=(6 * max(1, len(knobs)), 4.5), constrained_layout=True, squeeze=False
+    )
     for ax, knob in zip(axes[0], knobs):
         for label, result in results:
             tracks = [t for t in result.tracks if t.knob == knob and _distance(t, distance) is not None]

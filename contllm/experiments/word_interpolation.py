@@ -30,26 +30,40 @@ import numpy as np
 
 from contllm.data.user import DataFileOption, Row, data_option_help, read_rows, unique_ids
 from contllm.errors import ExperimentError, SignalError
+from contllm.experiments import answers
+from contllm.experiments.answers import ANSWERS, GROUPS, VARIATION_LEVEL, variation, yes_share
 from contllm.experiments.base import Metric
 from contllm.experiments.options import METHOD, Option
 from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
-from contllm.experiments.sweeps import PROTOCOL, ExperimentResult, Sweep, SweepExperiment, SweepPlan, check_alpha_sweep
-from contllm.experiments.sweeps import ends_provenance, resolved_samples, summary_start, sweep_options, sweep_values
+from contllm.experiments.sweeps import (
+    PROTOCOL,
+    ExperimentResult,
+    Sweep,
+    SweepExperiment,
+    SweepPlan,
+    check_alpha_sweep,
+    ends_provenance,
+    resolved_samples,
+    summary_start,
+    sweep_options,
+    sweep_values,
+)
 from contllm.interpolate import interpolate_spans
 from contllm.readout import PAPER_YES_NO, TokenSets, containing
 from contllm.signal import Signal
-
-#: Question groups: which of the two words the answer is "yes" for.
-GROUPS = ("both", "neither", "first", "second")
-ANSWERS = {"both": (True, True), "neither": (False, False), "first": (True, False), "second": (False, True)}
 
 #: Eight answered questions about other things (four yes, four no), then the item's
 #: question. How well small models tell yes from no with this and other formats is
 #: measured in the README ("A word moved into another").
 SHOTS = (
-    ("Are tigers animals?", "Yes"), ("Can rocks swim?", "No"), ("Do ducks have feathers?", "Yes"),
-    ("Are clouds made of stone?", "No"), ("Are grapes fruit?", "Yes"), ("Do lions lay eggs?", "No"),
-    ("Can turtles fly?", "No"), ("Can horses run?", "Yes"),
+    ("Are tigers animals?", "Yes"),
+    ("Can rocks swim?", "No"),
+    ("Do ducks have feathers?", "Yes"),
+    ("Are clouds made of stone?", "No"),
+    ("Are grapes fruit?", "Yes"),
+    ("Do lions lay eggs?", "No"),
+    ("Can turtles fly?", "No"),
+    ("Can horses run?", "Yes"),
 )
 DEFAULT_TEMPLATE = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in SHOTS) + "Question: {question}\nAnswer:"
 CHAT_TEMPLATE = "{question} Answer with Yes or No."
@@ -161,12 +175,17 @@ def items_from_rows(rows: Sequence[Row]) -> list[WordItem]:
                 grouped: list[tuple[str | None, list[str]]] = [(None, questions)]
             else:
                 if "one" in questions:
-                    raise row.error("holds the paper's unsplit groups both/one/neither (embedding_raw.json): 'one' does "
-                                    "not say which word the answer is yes for; give embedding_split.json or "
-                                    "embedding_filtered.json", "questions")
+                    raise row.error(
+                        "holds the paper's unsplit groups both/one/neither (embedding_raw.json): 'one' does "
+                        "not say which word the answer is yes for; give embedding_split.json or "
+                        "embedding_filtered.json",
+                        "questions",
+                    )
                 unknown = sorted(set(questions) - set(GROUPS))
                 if unknown:
-                    raise row.error(f"unknown group(s) {', '.join(unknown)}; groups are {', '.join(GROUPS)}", "questions")
+                    raise row.error(
+                        f"unknown group(s) {', '.join(unknown)}; groups are {', '.join(GROUPS)}", "questions"
+                    )
                 grouped = []
                 for group in GROUPS:
                     qs = questions.get(group, [])
@@ -192,7 +211,9 @@ def items_from_rows(rows: Sequence[Row]) -> list[WordItem]:
             if row.has("group"):
                 group = row.get("group", check=lambda g: None if g in GROUPS else f"must be one of {', '.join(GROUPS)}")
             elif row.has("answer_first") or row.has("answer_second"):
-                group = {v: k for k, v in ANSWERS.items()}[(row.get("answer_first", bool), row.get("answer_second", bool))]
+                group = {v: k for k, v in ANSWERS.items()}[
+                    (row.get("answer_first", bool), row.get("answer_second", bool))
+                ]
             else:
                 group = None
             items.append(_item(row, first, second, question, group, row.get("id", str, None)))
@@ -220,7 +241,9 @@ def _numbered(items: list[WordItem], path: str) -> list[WordItem]:
     for item in items:
         count = seen.get(item.id, 0) + 1
         seen[item.id] = count
-        out.append(item if count == 1 else WordItem(f"{item.id}-{count}", item.first, item.second, item.question, item.group))
+        out.append(
+            item if count == 1 else WordItem(f"{item.id}-{count}", item.first, item.second, item.question, item.group)
+        )
     return unique_ids(out, path)
 
 
@@ -304,7 +327,9 @@ def render_word(lm: Any, item: WordItem, word: str, config: InterpolationConfig)
     return render(full, {"word": word}, required=("word",))
 
 
-def ends(lm: Any, item: WordItem, config: InterpolationConfig, *, embed: bool = True) -> tuple[Signal, Any, Signal, Any]:
+def ends(
+    lm: Any, item: WordItem, config: InterpolationConfig, *, embed: bool = True
+) -> tuple[Signal, Any, Signal, Any]:
     """The two plain prompts (embedded unless ``embed`` is false) and the word's span in each."""
     out: list[Any] = []
     for word in (item.first, item.second):
@@ -322,7 +347,7 @@ def check_item(lm: Any, item: WordItem, config: InterpolationConfig) -> None:
     ia, ib = sa.token_indices(span_a), sb.token_indices(span_b)
     assert sa.token_ids is not None and sb.token_ids is not None
     before = sa.token_ids[: ia[0]].tolist() == sb.token_ids[: ib[0]].tolist()
-    after = sa.token_ids[ia[-1] + 1:].tolist() == sb.token_ids[ib[-1] + 1:].tolist()
+    after = sa.token_ids[ia[-1] + 1 :].tolist() == sb.token_ids[ib[-1] + 1 :].tolist()
     if not (before and after):
         raise ExperimentError(
             f"item {item.id}: the tokenizer splits the text around {item.first!r} and {item.second!r} differently, "
@@ -357,13 +382,6 @@ def plan_item(lm: Any, item: WordItem, config: InterpolationConfig) -> SweepPlan
 # ------------------------------------------------------------------------------ numbers
 
 
-def yes_share(sweep: Sweep) -> np.ndarray:
-    """P(yes) / (P(yes) + P(no)) along the sweep [S]."""
-    yes, no = sweep.column("yes"), sweep.column("no")
-    total = yes + no
-    return yes / np.where(total > 0, total, np.nan)
-
-
 def crossing(x: np.ndarray, share: np.ndarray) -> float | None:
     """The first alpha where ``share`` crosses 0.5 (linear between samples), or None when it stays on one side."""
     side = share > 0.5
@@ -395,13 +413,20 @@ def summarize_sweeps(sweeps: Sequence[Sweep]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     known = [s for s in sweeps if s.meta.get("group") is not None]
     for at, key, name in ((0.0, "answer_first", "accuracy_at_alpha_0"), (1.0, "answer_second", "accuracy_at_alpha_1")):
-        marks = [(s.at(at)[s.labels.index("yes")] > s.at(at)[s.labels.index("no")]) == bool(s.meta[key])
-                 for s in known if np.isclose(s.x, at).any()]
+        marks = [
+            (s.at(at)[s.labels.index("yes")] > s.at(at)[s.labels.index("no")]) == bool(s.meta[key])
+            for s in known
+            if np.isclose(s.x, at).any()
+        ]
         if known and len(marks) == len(known):
             out[name] = float(np.mean(marks))
     if known:
-        yes_answers = [yes_share(s)[0] for s in known if s.meta["answer_first"]] + [yes_share(s)[-1] for s in known if s.meta["answer_second"]]
-        no_answers = [yes_share(s)[0] for s in known if not s.meta["answer_first"]] + [yes_share(s)[-1] for s in known if not s.meta["answer_second"]]
+        yes_answers = [yes_share(s)[0] for s in known if s.meta["answer_first"]] + [
+            yes_share(s)[-1] for s in known if s.meta["answer_second"]
+        ]
+        no_answers = [yes_share(s)[0] for s in known if not s.meta["answer_first"]] + [
+            yes_share(s)[-1] for s in known if not s.meta["answer_second"]
+        ]
         if yes_answers and no_answers:
             out["mean_yes_share_when_yes"] = float(np.nanmean(yes_answers))
             out["mean_yes_share_when_no"] = float(np.nanmean(no_answers))
@@ -428,17 +453,6 @@ def summarize_sweeps(sweeps: Sequence[Sweep]) -> dict[str, Any]:
     return out
 
 
-#: The paper counts an interpolation as varying when its variation reaches this.
-VARIATION_LEVEL = 0.05
-
-
-def variation(sweep: Sweep) -> float:
-    """The paper's variation of one interpolation: how far P(yes) or P(no) leaves the range of its two ends (0 if never)."""
-    from contllm import metrics
-
-    return metrics.range_excursion(sweep.probs)
-
-
 class InterpolationExperiment(SweepExperiment):
     name = "interpolation"
     help = "A word's embedding moved into another's inside a yes/no question; P(yes) and P(no) read out."
@@ -454,17 +468,27 @@ class InterpolationExperiment(SweepExperiment):
     options = (
         *sweep_options("alpha (within 0,1)", "0,1", 11),
         METHOD,
-        Option("pairs", "words", "Comma-separated word pairs to keep, e.g. apples-bananas,cats-goldfish. [default: all]"),
+        Option(
+            "pairs", "words", "Comma-separated word pairs to keep, e.g. apples-bananas,cats-goldfish. [default: all]"
+        ),
         Option("data", "str", data_option_help(DATA_SCHEMA)),
         PROTOCOL,
     )
     metrics = (
-        Metric("accuracy_at_alpha_0", "higher", "yes/no accuracy (argmax of yes vs no) against the first word's answer"),
+        Metric(
+            "accuracy_at_alpha_0", "higher", "yes/no accuracy (argmax of yes vs no) against the first word's answer"
+        ),
         Metric("accuracy_at_alpha_1", "higher", "the same against the second word's answer, at alpha 1"),
         Metric("mean_max_jump_yes_share", "lower", "largest change of the yes-share between neighbouring alphas, mean"),
-        Metric("variation_share", "lower", "share of items whose P(yes) or P(no) leaves its ends' range by 0.05 or more"),
-        Metric("mean_variation", "lower", "largest excursion of P(yes) or P(no) beyond its ends' range, mean over items"),
-        Metric("mean_lipschitz", "lower", "largest |dP/dalpha| over the curve's own range (normalised Lipschitz), mean"),
+        Metric(
+            "variation_share", "lower", "share of items whose P(yes) or P(no) leaves its ends' range by 0.05 or more"
+        ),
+        Metric(
+            "mean_variation", "lower", "largest excursion of P(yes) or P(no) beyond its ends' range, mean over items"
+        ),
+        Metric(
+            "mean_lipschitz", "lower", "largest |dP/dalpha| over the curve's own range (normalised Lipschitz), mean"
+        ),
     )
     x_label = "alpha"
 
@@ -489,102 +513,10 @@ class InterpolationExperiment(SweepExperiment):
         return {**out, **summarize_sweeps(sweeps)}
 
     def summary_figure(self, result: ExperimentResult) -> Any:
-        return summary_figure(result)
+        return answers.summary_figure(result)
 
     def comparison(self, results: Sequence[tuple[str, ExperimentResult]]) -> Any:
-        return comparison_figure([(label, r, self.summary(r)) for label, r in results])
-
-
-# ------------------------------------------------------------------------------ figures
-
-
-def _groups(sweeps: Sequence[Sweep]) -> dict[str, list[Sweep]]:
-    out: dict[str, list[Sweep]] = {}
-    for group in (*GROUPS, None):
-        chosen = [s for s in sweeps if s.meta.get("group") == group]
-        if chosen:
-            out["unknown" if group is None else group] = chosen
-    return out
-
-
-def _mean_share(sweeps: Sequence[Sweep]) -> tuple[np.ndarray, np.ndarray, int]:
-    """The most common alpha grid, the mean yes-share on it and how many sweeps it holds."""
-    from contllm.experiments.figures import _common_grid
-
-    x, same = _common_grid(sweeps)
-    return x, np.nanmean([yes_share(s) for s in same], axis=0), len(same)
-
-
-def summary_figure(result: ExperimentResult) -> Any:
-    """One panel per question group: every item's yes-share against alpha (thin) and their mean (thick)."""
-    from contllm.plotting import plt
-
-    groups = _groups(result.sweeps)
-    fig, axes = plt.subplots(1, len(groups) + 1, figsize=(3.9 * (len(groups) + 1), 3.6), squeeze=False,
-                             constrained_layout=True)
-    variation_histogram(axes.flat[-1], result.sweeps)
-    for ax, (group, sweeps) in zip(axes.flat, groups.items()):
-        for s in sweeps:
-            ax.plot(s.x, yes_share(s), "-", color="tab:blue", lw=0.7, alpha=0.35)
-        x, mean, n = _mean_share(sweeps)
-        ax.plot(x, mean, "-", color="black", lw=2.4, label=f"mean of {n}")
-        ax.axhline(0.5, color="0.5", ls=":", lw=1)
-        answers = ANSWERS.get(group)
-        title = f"{group}: " + ("answers unknown" if answers is None else
-                                f"yes for {'first' if answers[0] else '-'}/{'second' if answers[1] else '-'}")
-        ax.set(title=title, xlabel="alpha (first word -> second)", ylabel="P(yes) / (P(yes) + P(no))", ylim=(-0.02, 1.02))
-        ax.title.set_fontsize(9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{result.model} · word interpolation · {len(result.sweeps)} items", fontsize=12)
-    return fig
-
-
-def variation_histogram(ax: Any, sweeps: Sequence[Sweep]) -> None:
-    """The paper's variation figure on ``ax``: a histogram of each item's :func:`variation`, the 0.05 level marked."""
-    values = np.array([variation(s) for s in sweeps])
-    ax.hist(values, bins=10, range=(0.0, max(0.1, float(values.max()))), color="tab:blue", alpha=0.8)
-    ax.axvline(VARIATION_LEVEL, color="tab:red", ls="--", lw=1)
-    share = float(np.mean(values >= VARIATION_LEVEL))
-    ax.set(xlabel="variation beyond the ends' range", ylabel="items",
-           title=f"variation: {share:.0%} of {len(values)} items >= {VARIATION_LEVEL}")
-    ax.title.set_fontsize(9)
-    ax.grid(alpha=0.3)
-
-
-def comparison_figure(runs: Sequence[tuple[str, ExperimentResult, dict[str, Any]]]) -> Any:
-    """Runs side by side: the mean yes-share per group against alpha, and the accuracy at both ends."""
-    from contllm.plotting import plt
-
-    fig, (curves, bars) = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
-    colors = plt.get_cmap("tab10")
-    styles = {"both": "-", "neither": ":", "first": "--", "second": "-.", "unknown": (0, (1, 3))}
-    for k, (label, result, _) in enumerate(runs):
-        for group, sweeps in _groups(result.sweeps).items():
-            x, mean, n = _mean_share(sweeps)
-            curves.plot(x, mean, linestyle=styles[group], color=colors(k % 10), lw=1.8, label=f"{label}: {group} ({n})")
-    curves.set(xlabel="alpha (first word -> second)", ylabel="mean P(yes) / (P(yes) + P(no))", ylim=(-0.02, 1.02),
-               title="mean yes-share per question group")
-    curves.grid(alpha=0.3)
-    curves.legend(fontsize=6, ncol=2)
-    width = 0.8 / len(runs)
-    positions = np.arange(3)
-    keys = ("accuracy_at_alpha_0", "accuracy_at_alpha_1", "crossover_share")
-    for k, (label, _, summary) in enumerate(runs):
-        values = [summary.get(key) for key in keys]
-        offset = positions - 0.4 + width * (k + 0.5)
-        bars.bar(offset, [np.nan if v is None else v for v in values], width, color=colors(k % 10), label=label)
-        for xpos, v in zip(offset, values):
-            bars.annotate("n/a" if v is None else f"{v:.2f}", (xpos, 0 if v is None or not np.isfinite(v) else v),
-                          ha="center", va="bottom", fontsize=7)
-    bars.set_xticks(positions, ["accuracy at alpha 0", "accuracy at alpha 1", "first/second questions\ncrossing over"])
-    bars.set(ylim=(0, 1.3), yticks=np.linspace(0, 1, 6), title="accuracy at the ends and crossover share")
-    bars.legend(fontsize=7, loc="upper center", ncol=min(len(runs), 3))
-    bars.grid(alpha=0.3, axis="y")
-    for ax in (curves, bars):
-        ax.title.set_fontsize(9)
-    fig.suptitle("interpolation: " + " vs ".join(dict.fromkeys(label for label, _, _ in runs)), fontsize=12)
-    return fig
+        return answers.comparison_figure([(label, r, self.summary(r)) for label, r in results])
 
 
 EXPERIMENT = InterpolationExperiment()

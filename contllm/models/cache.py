@@ -62,14 +62,12 @@ class ModelCacheWarning(UserWarning):
     """A cache entry was partial, corrupt or stale and is being rebuilt."""
 
 
-
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         while block := fh.read(1 << 22):
             digest.update(block)
     return digest.hexdigest()
-
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -413,4 +411,3 @@ def write_cache_entry(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
-

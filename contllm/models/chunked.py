@@ -80,7 +80,9 @@ class ChunkedGguf:
 
     def __post_init__(self) -> None:
         if sum(p.size for p in self.parts) != self.size:
-            raise ValueError(f"{self.alias}: the parts' sizes add up to {sum(p.size for p in self.parts)}, not {self.size}")
+            raise ValueError(
+                f"{self.alias}: the parts' sizes add up to {sum(p.size for p in self.parts)}, not {self.size}"
+            )
 
     @property
     def modules(self) -> tuple[str, ...]:

@@ -102,7 +102,9 @@ def check_device_map(device_map: Any, max_memory: Any = None) -> None:
             f"unknown device_map {device_map!r}; use one of {', '.join(DEVICE_MAPS)} or a dict of module -> device"
         )
     if max_memory is not None and not isinstance(max_memory, Mapping):
-        raise ModelLoadError(f"max_memory must map devices to sizes (e.g. {{0: '20GiB', 1: '20GiB'}}), got {max_memory!r}")
+        raise ModelLoadError(
+            f"max_memory must map devices to sizes (e.g. {{0: '20GiB', 1: '20GiB'}}), got {max_memory!r}"
+        )
 
 
 def choose_attn_implementation(config: Any, requested: str | None = None) -> str | None:
@@ -164,7 +166,9 @@ def _check_options(name: Any, cache_dir: Any, trust_remote_code: Any) -> None:
             f"{type(name).__name__} {name!r}"
         )
     if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-        raise ModelLoadError(f"cache_dir must be a directory path or None, got {type(cache_dir).__name__} {cache_dir!r}")
+        raise ModelLoadError(
+            f"cache_dir must be a directory path or None, got {type(cache_dir).__name__} {cache_dir!r}"
+        )
     if not isinstance(trust_remote_code, bool):
         raise ModelLoadError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
 
@@ -290,7 +294,9 @@ def load_model(
     except ValueError as err:
         raise ModelLoadError(f"could not load {source.name!r}: {err}") from err
     except SafetensorError as err:  # an empty, cut or corrupt weights file
-        raise ModelLoadError(f"could not load {source.name!r}: its weights file is not valid safetensors ({err})") from err
+        raise ModelLoadError(
+            f"could not load {source.name!r}: its weights file is not valid safetensors ({err})"
+        ) from err
     if device_map is not None:
         _check_placement(model, source.name)
     info = ModelInfo(
@@ -351,7 +357,9 @@ def _size(n_bytes: int | None) -> str:
 def format_listings(listings: list[ModelListing]) -> list[str]:
     """The lines of ``contllm models``: one per alias, with the install command of what is missing."""
     width = max([5, *(len(m.alias) for m in listings)])
-    lines = [f"{'alias':<{width}}  {'family':<11}  {'params':>6}  {'gguf':>7}  {'installed':<9}  {'converted':<10}  install"]
+    lines = [
+        f"{'alias':<{width}}  {'family':<11}  {'params':>6}  {'gguf':>7}  {'installed':<9}  {'converted':<10}  install"
+    ]
     for m in listings:
         converted = _size(m.cache_bytes) if m.cached else "no"
         lines.append(

@@ -17,13 +17,32 @@ from __future__ import annotations
 
 from contllm.exports import lazy_exports
 
-__getattr__, __all__ = lazy_exports(__name__, {
-    "contllm.pde.attention": ("IMPLEMENTATION", "pde_attention"),
-    "contllm.pde.dynamics": ("KINDS", "Dynamics", "DynamicsError", "apply_dynamics"),
-    "contllm.pde.experiment": ("DEFAULT_TIMES", "EXPERIMENT", "VARIANTS", "PDEConfig", "PDEExperiment", "Prompt",
-                               "run_pde", "shipped_prompts", "shipped_text"),
-    "contllm.pde.hidden": ("causal_smoothing",),
-    "contllm.pde.probes": ("AttentionRecorder", "Fit", "compare_fits", "fit_exponential", "fit_power_law",
-                           "output_measures", "perplexity"),
-    "contllm.pde.result": ("PDEResult",),
-})
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "contllm.pde.attention": ("IMPLEMENTATION", "pde_attention"),
+        "contllm.pde.dynamics": ("KINDS", "Dynamics", "DynamicsError", "apply_dynamics"),
+        "contllm.pde.experiment": (
+            "DEFAULT_TIMES",
+            "EXPERIMENT",
+            "VARIANTS",
+            "PDEConfig",
+            "PDEExperiment",
+            "Prompt",
+            "run_pde",
+            "shipped_prompts",
+            "shipped_text",
+        ),
+        "contllm.pde.hidden": ("causal_smoothing",),
+        "contllm.pde.probes": (
+            "AttentionRecorder",
+            "Fit",
+            "compare_fits",
+            "fit_exponential",
+            "fit_power_law",
+            "output_measures",
+            "perplexity",
+        ),
+        "contllm.pde.result": ("PDEResult",),
+    },
+)

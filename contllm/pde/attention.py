@@ -117,7 +117,9 @@ def _index(value: int | None, size: int, what: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not -size <= value < size:
-        raise DynamicsError(f"{what} {value!r} is outside the model; it has {size} ({what}s 0 to {size - 1}, or negative from the end)")
+        raise DynamicsError(
+            f"{what} {value!r} is outside the model; it has {size} ({what}s 0 to {size - 1}, or negative from the end)"
+        )
     return value % size
 
 

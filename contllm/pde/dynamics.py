@@ -167,8 +167,12 @@ class Chain:
     def part(self, rows: torch.Tensor, width: int) -> Chain:
         """The chain of some rows, cut to their first ``width`` cells (at least their supports)."""
         return Chain(
-            a=self.a[rows, :width], w=self.w[rows, :width], length=self.length[rows],
-            inside=self.inside[rows, :width], face=self.face[rows, : max(width - 1, 0)], order=self.order[rows, :width],
+            a=self.a[rows, :width],
+            w=self.w[rows, :width],
+            length=self.length[rows],
+            inside=self.inside[rows, :width],
+            face=self.face[rows, : max(width - 1, 0)],
+            order=self.order[rows, :width],
         )
 
     def scatter(self, compact: torch.Tensor, original: torch.Tensor) -> torch.Tensor:

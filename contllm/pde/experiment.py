@@ -149,7 +149,9 @@ class PDEConfig:
         for t in self.times:
             other = named.setdefault(step_id("", t), t)
             if other != t:
-                raise ExperimentError(f"pseudo-times {other!r} and {t!r} are too close to tell apart in point ids (T{t:g})")
+                raise ExperimentError(
+                    f"pseudo-times {other!r} and {t!r} are too close to tell apart in point ids (T{t:g})"
+                )
         if self.dynamics not in SWEPT_KINDS:
             raise ExperimentError(f"dynamics must be one of {', '.join(SWEPT_KINDS)}, got {self.dynamics!r}")
         if self.dynamics == "reaction" and self.times[-1] > MAX_REACTION_T:
@@ -163,12 +165,16 @@ class PDEConfig:
         variants = [v.strip() for v in variants if v.strip()]
         unknown = [v for v in variants if v not in VARIANTS]
         if unknown or not variants:
-            raise ExperimentError(f"unknown variant(s) {', '.join(unknown) or '(none given)'}; the variants are {', '.join(VARIANTS)}")
+            raise ExperimentError(
+                f"unknown variant(s) {', '.join(unknown) or '(none given)'}; the variants are {', '.join(VARIANTS)}"
+            )
         self.variants = tuple(v for v in VARIANTS if v in variants)
         if self.long_range < 1:
             raise ExperimentError(f"long_range must be >= 1, got {self.long_range}")
         if self.fit_min < 1 or (self.fit_max is not None and self.fit_max < self.fit_min + 2):
-            raise ExperimentError(f"the fit range needs 1 <= fit_min and fit_max >= fit_min + 2, got {self.fit_min}, {self.fit_max}")
+            raise ExperimentError(
+                f"the fit range needs 1 <= fit_min and fit_max >= fit_min + 2, got {self.fit_min}, {self.fit_max}"
+            )
         Dynamics(self.dynamics, rho=self.rho, c=self.wave_speed, spacing=self.spacing)  # checks rho and c
         select_prompts(self.prompts)
 
@@ -181,9 +187,17 @@ class PDEConfig:
 
 
 OPTIONS = (
-    Option("times", "floats", "Pseudo-times T >= 0, comma-separated (0 is always added). [default: 0,0.1,0.4,1,4,16,64,256]"),
+    Option(
+        "times",
+        "floats",
+        "Pseudo-times T >= 0, comma-separated (0 is always added). [default: 0,0.1,0.4,1,4,16,64,256]",
+    ),
     Option("dynamics", "str", "diffusion, wave or reaction. [default: diffusion]"),
-    Option("variants", "words", "attention, matched (temperature control), hidden (state smoothing), comma-separated. [default: all]"),
+    Option(
+        "variants",
+        "words",
+        "attention, matched (temperature control), hidden (state smoothing), comma-separated. [default: all]",
+    ),
     Option("layer", "int", "Only this layer (negative from the end). [default: all layers]"),
     Option("head", "int", "Only this head of each layer in scope (--layer: one layer). [default: all heads]"),
     Option("spacing", "str", "time (cells as wide as durations) or index. [default: time]"),
@@ -250,8 +264,13 @@ def measure_step(
 
 
 def _record(
-    config: PDEConfig, variant: str, T: float, recorder: AttentionRecorder, inputs: Inputs,
-    text_logits: torch.Tensor, prompt_logits: torch.Tensor,
+    config: PDEConfig,
+    variant: str,
+    T: float,
+    recorder: AttentionRecorder,
+    inputs: Inputs,
+    text_logits: torch.Tensor,
+    prompt_logits: torch.Tensor,
 ) -> dict[str, Any]:
     text = output_measures(text_logits, inputs.text_logits)
     prompts = output_measures(prompt_logits, inputs.prompt_logits)
@@ -263,15 +282,19 @@ def _record(
     for layer in range(recorder.n_layers):
         m, _ = recorder.profile([layer])
         fits = compare_fits(m, config.fit_min, fit_max)
-        layer_fits.append({
-            "decay_length": (fits["exponential"] or {}).get("scale"),
-            "exponent": (fits["power"] or {}).get("scale"),
-            "delta_aic": fits["delta_aic"],
-        })
+        layer_fits.append(
+            {
+                "decay_length": (fits["exponential"] or {}).get("scale"),
+                "exponent": (fits["power"] or {}).get("scale"),
+                "delta_aic": fits["delta_aic"],
+            }
+        )
     return {
         "variant": variant,
         "T": float(T),
-        "dynamics": config.dynamics_at(variant, T).to_dict() if variant != "hidden" else {"kind": "hidden", "T": float(T)},
+        "dynamics": config.dynamics_at(variant, T).to_dict()
+        if variant != "hidden"
+        else {"kind": "hidden", "T": float(T)},
         "text": {
             "tokens": int(n),
             "perplexity": perplexity(text_logits, inputs.text_ids),
@@ -304,9 +327,13 @@ def check_model(lm: Any, config: PDEConfig, text: str | None = None) -> None:
     n_layers = len(attention_modules(lm))
     heads, _ = head_counts(lm)
     if config.layer is not None and not -n_layers <= config.layer < n_layers:
-        raise ExperimentError(f"layer {config.layer} is outside the model; it has {n_layers} layers (0 to {n_layers - 1}, or negative from the end)")
+        raise ExperimentError(
+            f"layer {config.layer} is outside the model; it has {n_layers} layers (0 to {n_layers - 1}, or negative from the end)"
+        )
     if config.head is not None and not -heads <= config.head < heads:
-        raise ExperimentError(f"head {config.head} is outside the model; it has {heads} heads per layer (0 to {heads - 1}, or negative from the end)")
+        raise ExperimentError(
+            f"head {config.head} is outside the model; it has {heads} heads per layer (0 to {heads - 1}, or negative from the end)"
+        )
     tokens = len(lm.signal(shipped_text() if text is None else text))
     if tokens < MIN_TEXT_TOKENS:
         raise ExperimentError(f"the text has {tokens} tokens; the distance profile needs at least {MIN_TEXT_TOKENS}")
@@ -318,7 +345,9 @@ def prepare_inputs(lm: Any, prompts: Sequence[Prompt], text: str | None = None) 
         raise ExperimentError("the pde probe needs a ContinuousLM with a tokenizer (contllm.load(...))")
     text_signal = lm.signal(shipped_text() if text is None else text)
     if len(text_signal) < MIN_TEXT_TOKENS:
-        raise ExperimentError(f"the text has {len(text_signal)} tokens; the distance profile needs at least {MIN_TEXT_TOKENS}")
+        raise ExperimentError(
+            f"the text has {len(text_signal)} tokens; the distance profile needs at least {MIN_TEXT_TOKENS}"
+        )
     prompt_signals = [lm.signal(p.text) for p in prompts]
     # The reference is the eager model (what the patch runs at T = 0), whatever the model was loaded with.
     with pde_attention(lm, Dynamics("diffusion", 0.0)):
@@ -342,12 +371,16 @@ def measure_points(
     n_layers = len(attention_modules(lm))
     inputs = prepare_inputs(lm, prompts, text)
     for point in todo:
-        record, _, _ = measure_step(lm, config, inputs, "attention" if point.variant == "stock" else point.variant, point.T, n_layers)
+        record, _, _ = measure_step(
+            lm, config, inputs, "attention" if point.variant == "stock" else point.variant, point.T, n_layers
+        )
         record["variant"] = point.variant
         yield point.id, jsonable(record)
 
 
-def build_result(model: str, config: PDEConfig, records: Sequence[dict[str, Any]], prompt_ids: Sequence[str]) -> PDEResult:
+def build_result(
+    model: str, config: PDEConfig, records: Sequence[dict[str, Any]], prompt_ids: Sequence[str]
+) -> PDEResult:
     """A :class:`PDEResult` from records in point order (layers and text tokens read from them)."""
     first = records[0] if records else None
     return PDEResult(
@@ -436,10 +469,17 @@ class PDEExperiment(Experiment):
     unit = "point"
     x_label = "pseudo-time T"
     metrics = (
-        Metric("delta_aic_shift", "lower",
-               "ΔAIC (power-law minus exponential fit of the attention distance profile), last T minus first: "
-               "negative moves toward power-law decay"),
-        Metric("kl_prompts_at_max_T", "lower", "KL(p_T || p_0) at the prompts' last position at the largest T, mean over prompts"),
+        Metric(
+            "delta_aic_shift",
+            "lower",
+            "ΔAIC (power-law minus exponential fit of the attention distance profile), last T minus first: "
+            "negative moves toward power-law decay",
+        ),
+        Metric(
+            "kl_prompts_at_max_T",
+            "lower",
+            "KL(p_T || p_0) at the prompts' last position at the largest T, mean over prompts",
+        ),
     )
 
     def items(self, config: PDEConfig) -> list[Point]:
@@ -448,7 +488,9 @@ class PDEExperiment(Experiment):
     def check(self, lm: Any, config: PDEConfig) -> None:
         check_model(lm, self.check_config(config))
 
-    def run(self, lm: Any, config: PDEConfig, items: Sequence[Point], context: RunContext) -> Iterator[tuple[str, dict[str, Any]]]:
+    def run(
+        self, lm: Any, config: PDEConfig, items: Sequence[Point], context: RunContext
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
         config = self.check_config(config)
         for point_id, record in measure_points(lm, config, items, select_prompts(config.prompts)):
             context.say(describe(point_id, record))

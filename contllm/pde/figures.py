@@ -74,7 +74,9 @@ def outputs_figure(result: PDEResult) -> Any:
         T = [r["T"] for r in rows]
         for ax, keys, _ in panels:
             for key, style in zip(keys, ("-", "--")):
-                label = f"{_name(result, variant)}" + ("" if len(keys) == 1 else (", text" if key.endswith("text") else ", prompts"))
+                label = f"{_name(result, variant)}" + (
+                    "" if len(keys) == 1 else (", text" if key.endswith("text") else ", prompts")
+                )
                 ax.plot(T, as_array([r[key] for r in rows]), style, **STYLES.get(variant, {}), ms=4, label=label)
     times = [r["T"] for r in result.records]
     for ax, _, ylabel in panels:
@@ -103,8 +105,14 @@ def _profile_panel(ax: Any, record: dict[str, Any], color: str, label: str, fits
             continue
         value = Fit(**fit)
         what = f"ℓ = {value.scale:.3g}" if model == "exponential" else f"α = {value.scale:.3g}"
-        ax.plot(x, value.predict(x), style, color="k" if model == "exponential" else "C1", lw=1.2,
-                label=f"{model}: {what}, R² {value.r2:.3f}, AIC {value.aic:.0f}")
+        ax.plot(
+            x,
+            value.predict(x),
+            style,
+            color="k" if model == "exponential" else "C1",
+            lw=1.2,
+            label=f"{model}: {what}, R² {value.r2:.3f}, AIC {value.aic:.0f}",
+        )
 
 
 def profiles_figure(result: PDEResult) -> Any:
@@ -119,7 +127,13 @@ def profiles_figure(result: PDEResult) -> Any:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False, constrained_layout=True)
     control = {r["T"]: r for r in result.records if r["variant"] == "matched"}
     for ax, record in zip(axes.flat, sweep):
-        _profile_panel(ax, record, STYLES.get(main, {}).get("color", "C0"), _name(result, main) if record["T"] > 0 else "stock", True)
+        _profile_panel(
+            ax,
+            record,
+            STYLES.get(main, {}).get("color", "C0"),
+            _name(result, main) if record["T"] > 0 else "stock",
+            True,
+        )
         if record["T"] in control and main != "matched":
             _profile_panel(ax, control[record["T"]], STYLES["matched"]["color"], "temperature control", False)
         ax.set_xscale("log")
@@ -129,9 +143,12 @@ def profiles_figure(result: PDEResult) -> Any:
         ax.set_ylabel("m(d)")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(sweep):]:
+    for ax in list(axes.flat)[len(sweep) :]:
         ax.axis("off")
-    fig.suptitle(_title(result, "attention distance profile m(d) (sink key excluded) with exponential and power-law fits"), fontsize=11)
+    fig.suptitle(
+        _title(result, "attention distance profile m(d) (sink key excluded) with exponential and power-law fits"),
+        fontsize=11,
+    )
     return fig
 
 
@@ -177,7 +194,9 @@ def attention_figure(result: PDEResult) -> Any:
         rows = result.table(variant)
         T = [r["T"] for r in rows]
         for ax, key in zip(axes, keys):
-            ax.plot(T, as_array([r[key] for r in rows]), "-", **STYLES.get(variant, {}), ms=4, label=_name(result, variant))
+            ax.plot(
+                T, as_array([r[key] for r in rows]), "-", **STYLES.get(variant, {}), ms=4, label=_name(result, variant)
+            )
     times = [r["T"] for r in result.records]
     for ax, label in zip(axes, labels):
         _time_axis(ax, times)

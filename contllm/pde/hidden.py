@@ -86,7 +86,12 @@ class _LayerSmoother:
         if cache is not None and hasattr(cache, "get_seq_length"):
             seen = int(cache.get_seq_length(self.layer)) - queries
         if seen > 0:
-            if self.history is None or self.valid is None or self.history.shape[1] != seen or self.history.shape[0] != batch:
+            if (
+                self.history is None
+                or self.valid is None
+                or self.history.shape[1] != seen
+                or self.history.shape[0] != batch
+            ):
                 raise DynamicsError(
                     "hidden-state smoothing continued a KV cache it did not see filled; "
                     "open the smoothing context before the prefill"
@@ -122,7 +127,9 @@ def causal_smoothing(model: Any, T: float, *, layer: int | None = None) -> Itera
     layers = decoder_layers(net)
     n = len(layers)
     if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer < n):
-        raise DynamicsError(f"layer {layer!r} is outside the model; it has {n} layers (0 to {n - 1}, or negative from the end)")
+        raise DynamicsError(
+            f"layer {layer!r} is outside the model; it has {n} layers (0 to {n - 1}, or negative from the end)"
+        )
     picks = range(n) if layer is None else [layer % n]
     with ExitStack() as hooks:
         if T > 0:

@@ -47,7 +47,9 @@ def output_measures(logits: torch.Tensor, reference: torch.Tensor) -> dict[str, 
 def perplexity(logits: torch.Tensor, token_ids: torch.Tensor) -> float:
     """exp(mean -log p(token_{i+1} | ..i)) over a text. logits: [tokens, vocab]; token_ids: [tokens]."""
     if logits.shape[0] != token_ids.shape[0] or token_ids.shape[0] < 2:
-        raise DynamicsError(f"perplexity needs logits for each of >= 2 tokens, got {tuple(logits.shape)} for {token_ids.shape[0]} tokens")
+        raise DynamicsError(
+            f"perplexity needs logits for each of >= 2 tokens, got {tuple(logits.shape)} for {token_ids.shape[0]} tokens"
+        )
     log_p = torch.log_softmax(logits[:-1].to(torch.float64), dim=-1)
     nll = -log_p.gather(-1, token_ids[1:, None].to(log_p.device)).squeeze(-1)
     return float(torch.exp(nll.mean()))

@@ -60,7 +60,9 @@ class PDEResult:
     def sweep(self, variant: str) -> list[dict[str, Any]]:
         """The records of one variant in order of T, starting from the stock model at T = 0 when present."""
         if variant not in self.variants():
-            raise ExperimentError(f"no variant {variant!r} in this result; its variants are {', '.join(self.variants())}")
+            raise ExperimentError(
+                f"no variant {variant!r} in this result; its variants are {', '.join(self.variants())}"
+            )
         head = [] if self.stock is None else [self.stock]
         return head + sorted((r for r in self.records if r["variant"] == variant), key=lambda r: r["T"])
 
@@ -71,27 +73,29 @@ class PDEResult:
             fits = r["attention"]["fits"]
             exp_fit, pow_fit = fits["exponential"] or {}, fits["power"] or {}
             layers = r["attention"]["layers"]
-            rows.append({
-                "T": r["T"],
-                "perplexity": r["text"]["perplexity"],
-                "kl_text": r["text"]["kl"],
-                "top1_text": r["text"]["top1"],
-                "kl_prompts": _mean(r["prompts"]["kl"]),
-                "top1_prompts": _mean(r["prompts"]["top1"]),
-                "entropy_prompts": _mean(r["prompts"]["entropy"]),
-                "attention_entropy": _mean(layers["entropy"]),
-                "long_range_mass": _mean(layers["long_range_mass"]),
-                "sink_mass": _mean(layers["sink_mass"]),
-                "negative_mass": _mean(layers["negative_mass"]),
-                "decay_length": exp_fit.get("scale"),
-                "exponent": pow_fit.get("scale"),
-                "r2_exponential": exp_fit.get("r2"),
-                "r2_power": pow_fit.get("r2"),
-                "aic_exponential": exp_fit.get("aic"),
-                "aic_power": pow_fit.get("aic"),
-                "delta_aic": fits["delta_aic"],
-                "preferred": fits["preferred"],
-            })
+            rows.append(
+                {
+                    "T": r["T"],
+                    "perplexity": r["text"]["perplexity"],
+                    "kl_text": r["text"]["kl"],
+                    "top1_text": r["text"]["top1"],
+                    "kl_prompts": _mean(r["prompts"]["kl"]),
+                    "top1_prompts": _mean(r["prompts"]["top1"]),
+                    "entropy_prompts": _mean(r["prompts"]["entropy"]),
+                    "attention_entropy": _mean(layers["entropy"]),
+                    "long_range_mass": _mean(layers["long_range_mass"]),
+                    "sink_mass": _mean(layers["sink_mass"]),
+                    "negative_mass": _mean(layers["negative_mass"]),
+                    "decay_length": exp_fit.get("scale"),
+                    "exponent": pow_fit.get("scale"),
+                    "r2_exponential": exp_fit.get("r2"),
+                    "r2_power": pow_fit.get("r2"),
+                    "aic_exponential": exp_fit.get("aic"),
+                    "aic_power": pow_fit.get("aic"),
+                    "delta_aic": fits["delta_aic"],
+                    "preferred": fits["preferred"],
+                }
+            )
         return rows
 
     def verdict(self, variant: str = "attention") -> str:
@@ -149,8 +153,16 @@ class PDEResult:
         out: list[dict[str, Any]] = []
 
         def add(r: dict[str, Any], group: str, quantity: str, key: Any, value: Any) -> None:
-            out.append({"variant": r["variant"], "T": r["T"], "group": group, "quantity": quantity, "key": key,
-                        "value": "" if value is None else value})
+            out.append(
+                {
+                    "variant": r["variant"],
+                    "T": r["T"],
+                    "group": group,
+                    "quantity": quantity,
+                    "key": key,
+                    "value": "" if value is None else value,
+                }
+            )
 
         for r in self.records:
             for quantity, value in r["text"].items():
@@ -178,15 +190,17 @@ class PDEResult:
 
     # ------------------------------------------------------------------ data
     def to_dict(self) -> dict[str, Any]:
-        return jsonable({
-            "experiment": "pde",
-            "model": self.model,
-            "config": self.config,
-            "n_layers": self.n_layers,
-            "text_tokens": self.text_tokens,
-            "prompts": self.prompts,
-            "records": self.records,
-        })
+        return jsonable(
+            {
+                "experiment": "pde",
+                "model": self.model,
+                "config": self.config,
+                "n_layers": self.n_layers,
+                "text_tokens": self.text_tokens,
+                "prompts": self.prompts,
+                "records": self.records,
+            }
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PDEResult:
@@ -195,8 +209,11 @@ class PDEResult:
             if data.get("experiment", "pde") != "pde":
                 raise ValueError(f"it is a result of the {data['experiment']!r} experiment")
             return cls(
-                model=str(data["model"]), config=dict(data["config"]), n_layers=int(data["n_layers"]),
-                text_tokens=int(data["text_tokens"]), prompts=[str(p) for p in data["prompts"]],
+                model=str(data["model"]),
+                config=dict(data["config"]),
+                n_layers=int(data["n_layers"]),
+                text_tokens=int(data["text_tokens"]),
+                prompts=[str(p) for p in data["prompts"]],
                 records=[check_record(r) for r in data["records"]],
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -222,13 +239,24 @@ def check_record(record: Any) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise ValueError(f"a record must be a JSON object, got {type(record).__name__}")
     missing = [k for k in ("variant", "T", *RECORD_KEYS) if k not in record]
-    missing += [f"{section}.{k}" for section, keys in RECORD_KEYS.items()
-                if isinstance(record.get(section), dict) for k in keys if k not in record[section]]
+    missing += [
+        f"{section}.{k}"
+        for section, keys in RECORD_KEYS.items()
+        if isinstance(record.get(section), dict)
+        for k in keys
+        if k not in record[section]
+    ]
     missing += [s for s in RECORD_KEYS if s in record and not isinstance(record[s], dict)]
     if missing:
         raise ValueError(f"a pde record lacks {', '.join(missing)}")
-    if not isinstance(record["variant"], str) or isinstance(record["T"], bool) or not isinstance(record["T"], (int, float)):
-        raise ValueError(f"a pde record needs a variant name and a number T, got {record['variant']!r}, {record['T']!r}")
+    if (
+        not isinstance(record["variant"], str)
+        or isinstance(record["T"], bool)
+        or not isinstance(record["T"], (int, float))
+    ):
+        raise ValueError(
+            f"a pde record needs a variant name and a number T, got {record['variant']!r}, {record['T']!r}"
+        )
     return record
 
 

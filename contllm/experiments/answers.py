@@ -1,0 +1,147 @@
+"""Yes/no questions about a word moved into another: the question groups, the yes-share, the variation, and the figures.
+
+The word-interpolation experiment (:mod:`contllm.experiments.word_interpolation`) reads
+P(yes) and P(no) along alpha; what it measures of one sweep and how it draws them live
+here, beside the groups of questions that give its answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from contllm.experiments.sweeps import ExperimentResult, Sweep
+
+#: Question groups: which of the two words the answer is "yes" for (first word, second word).
+GROUPS = ("both", "neither", "first", "second")
+ANSWERS = {"both": (True, True), "neither": (False, False), "first": (True, False), "second": (False, True)}
+
+
+def yes_share(sweep: Sweep) -> np.ndarray:
+    """P(yes) / (P(yes) + P(no)) along the sweep [S]."""
+    yes, no = sweep.column("yes"), sweep.column("no")
+    total = yes + no
+    return yes / np.where(total > 0, total, np.nan)
+
+
+#: The paper counts an interpolation as varying when its variation reaches this.
+VARIATION_LEVEL = 0.05
+
+
+def variation(sweep: Sweep) -> float:
+    """The paper's variation of one interpolation: how far P(yes) or P(no) leaves the range of its two ends (0 if never)."""
+    from contllm import metrics
+
+    return metrics.range_excursion(sweep.probs)
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def _groups(sweeps: Sequence[Sweep]) -> dict[str, list[Sweep]]:
+    out: dict[str, list[Sweep]] = {}
+    for group in (*GROUPS, None):
+        chosen = [s for s in sweeps if s.meta.get("group") == group]
+        if chosen:
+            out["unknown" if group is None else group] = chosen
+    return out
+
+
+def _mean_share(sweeps: Sequence[Sweep]) -> tuple[np.ndarray, np.ndarray, int]:
+    """The most common alpha grid, the mean yes-share on it and how many sweeps it holds."""
+    from contllm.experiments.figures import _common_grid
+
+    x, same = _common_grid(sweeps)
+    return x, np.nanmean([yes_share(s) for s in same], axis=0), len(same)
+
+
+def summary_figure(result: ExperimentResult) -> Any:
+    """One panel per question group: every item's yes-share against alpha (thin) and their mean (thick)."""
+    from contllm.plotting import plt
+
+    groups = _groups(result.records)
+    fig, axes = plt.subplots(
+        1, len(groups) + 1, figsize=(3.9 * (len(groups) + 1), 3.6), squeeze=False, constrained_layout=True
+    )
+    variation_histogram(axes.flat[-1], result.records)
+    for ax, (group, sweeps) in zip(axes.flat, groups.items()):
+        for s in sweeps:
+            ax.plot(s.x, yes_share(s), "-", color="tab:blue", lw=0.7, alpha=0.35)
+        x, mean, n = _mean_share(sweeps)
+        ax.plot(x, mean, "-", color="black", lw=2.4, label=f"mean of {n}")
+        ax.axhline(0.5, color="0.5", ls=":", lw=1)
+        answers = ANSWERS.get(group)
+        title = f"{group}: " + (
+            "answers unknown"
+            if answers is None
+            else f"yes for {'first' if answers[0] else '-'}/{'second' if answers[1] else '-'}"
+        )
+        ax.set(
+            title=title, xlabel="alpha (first word -> second)", ylabel="P(yes) / (P(yes) + P(no))", ylim=(-0.02, 1.02)
+        )
+        ax.title.set_fontsize(9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{result.model} · word interpolation · {len(result.records)} items", fontsize=12)
+    return fig
+
+
+def variation_histogram(ax: Any, sweeps: Sequence[Sweep]) -> None:
+    """The paper's variation figure on ``ax``: a histogram of each item's :func:`variation`, the 0.05 level marked."""
+    values = np.array([variation(s) for s in sweeps])
+    ax.hist(values, bins=10, range=(0.0, max(0.1, float(values.max()))), color="tab:blue", alpha=0.8)
+    ax.axvline(VARIATION_LEVEL, color="tab:red", ls="--", lw=1)
+    share = float(np.mean(values >= VARIATION_LEVEL))
+    ax.set(
+        xlabel="variation beyond the ends' range",
+        ylabel="items",
+        title=f"variation: {share:.0%} of {len(values)} items >= {VARIATION_LEVEL}",
+    )
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+
+
+def comparison_figure(runs: Sequence[tuple[str, ExperimentResult, dict[str, Any]]]) -> Any:
+    """Runs side by side: the mean yes-share per group against alpha, and the accuracy at both ends."""
+    from contllm.plotting import plt
+
+    fig, (curves, bars) = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
+    colors = plt.get_cmap("tab10")
+    styles = {"both": "-", "neither": ":", "first": "--", "second": "-.", "unknown": (0, (1, 3))}
+    for k, (label, result, _) in enumerate(runs):
+        for group, sweeps in _groups(result.records).items():
+            x, mean, n = _mean_share(sweeps)
+            curves.plot(x, mean, linestyle=styles[group], color=colors(k % 10), lw=1.8, label=f"{label}: {group} ({n})")
+    curves.set(
+        xlabel="alpha (first word -> second)",
+        ylabel="mean P(yes) / (P(yes) + P(no))",
+        ylim=(-0.02, 1.02),
+        title="mean yes-share per question group",
+    )
+    curves.grid(alpha=0.3)
+    curves.legend(fontsize=6, ncol=2)
+    width = 0.8 / len(runs)
+    positions = np.arange(3)
+    keys = ("accuracy_at_alpha_0", "accuracy_at_alpha_1", "crossover_share")
+    for k, (label, _, summary) in enumerate(runs):
+        values = [summary.get(key) for key in keys]
+        offset = positions - 0.4 + width * (k + 0.5)
+        bars.bar(offset, [np.nan if v is None else v for v in values], width, color=colors(k % 10), label=label)
+        for xpos, v in zip(offset, values):
+            bars.annotate(
+                "n/a" if v is None else f"{v:.2f}",
+                (xpos, 0 if v is None or not np.isfinite(v) else v),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
+    bars.set_xticks(positions, ["accuracy at alpha 0", "accuracy at alpha 1", "first/second questions\ncrossing over"])
+    bars.set(ylim=(0, 1.3), yticks=np.linspace(0, 1, 6), title="accuracy at the ends and crossover share")
+    bars.legend(fontsize=7, loc="upper center", ncol=min(len(runs), 3))
+    bars.grid(alpha=0.3, axis="y")
+    for ax in (curves, bars):
+        ax.title.set_fontsize(9)
+    fig.suptitle("interpolation: " + " vs ".join(dict.fromkeys(label for label, _, _ in runs)), fontsize=12)
+    return fig
