@@ -39,6 +39,7 @@ __all__ = [
     "device_group",
     "device_map_memory",
     "launch_size",
+    "check_launch_device",
     "start_processes",
 ]
 
@@ -223,6 +224,16 @@ def _broadcast_bytes(dist: Any, payload: bytes) -> bytes:
 _started: Processes | None = None
 
 
+def check_launch_device(device: str | None) -> None:
+    """Under a launch (more than one process), refuse a numbered device such as "cuda:1":
+    every process would pick the same one. ExperimentError naming the choices; nothing otherwise."""
+    if launch_size() > 1 and device is not None and device not in DEVICE_CHOICES:
+        raise ExperimentError(
+            f"--device {device} names one device, but under a launch every process takes its own "
+            f"(cuda:LOCAL_RANK, or the CPU); use --device {', '.join(DEVICE_CHOICES)}"
+        )
+
+
 def start_processes(device: str | None = "auto", *, device_map: str | None = None) -> Processes:
     """This process's place in a launch, setting up the process group on first call.
 
@@ -240,13 +251,9 @@ def start_processes(device: str | None = "auto", *, device_map: str | None = Non
         return _started
     if launch_size() <= 1:
         return Processes()
+    check_launch_device(device)
     if device is None:
         device = "auto"
-    if device not in DEVICE_CHOICES:
-        raise ExperimentError(
-            f"--device {device} names one device, but under a launch every process takes its own "
-            f"(cuda:LOCAL_RANK, or the CPU); use --device {', '.join(DEVICE_CHOICES)}"
-        )
     import torch
     from accelerate import PartialState
 

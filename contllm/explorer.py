@@ -87,7 +87,8 @@ def explorer_data(runs: Sequence[tuple[str, Any]]) -> dict[str, Any] | None:
     out = []
     knob = None
     for name, result in runs:
-        records = [r.to_dict() for r in getattr(result, "records", [])]
+        # A result whose records are plain data (pde's points) has no read-out per item to scrub.
+        records = [r.to_dict() for r in getattr(result, "records", []) if hasattr(r, "to_dict")]
         knob = knob or getattr(result, "x_label", None) or next((r.get("knob") for r in records if r.get("knob")), None)
         items = [v for v in (item_view(r, knob or "x") for r in records) if v is not None]
         if items:

@@ -235,12 +235,13 @@ def run(
     """
     import torch
 
-    from contllm.distributed import device_map_memory, start_processes
+    from contllm.distributed import check_launch_device, device_map_memory, start_processes
 
     plan = check_run(name, **checked)
     settings = plan.settings
     if out is not None and (not isinstance(out, (str, Path)) or not str(out).strip()):
         raise RunDirectoryError(f"the run directory (--out) must be a path, got {out!r}")
+    check_launch_device(device)  # a launch's rule first: it holds on every machine, with or without CUDA
     if lm is None and settings.device_map is None:
         from contllm.models.load import resolve_device
 

@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerFast
 from contllm import ContinuousLM, ExperimentError, registry
 from contllm.runner import context_for
 from contllm.files import csv_text
+from contllm.outputs import result_tables
 from contllm.pde import EXPERIMENT, PDEConfig, PDEResult, run_pde
 from contllm.pde.experiment import select_prompts, shipped_prompts, shipped_text, step_id
 from contllm.pde.figures import FIGURES
@@ -143,9 +144,12 @@ def test_a_run_writes_its_directory(full_run: Path) -> None:
     table = result.table("attention")
     assert [r["T"] for r in table] == [0.0, 0.5]
     assert table[1]["kl_text"] > 0 and table[1]["attention_entropy"] > table[0]["attention_entropy"]
-    assert (full_run / "results.csv").read_text().splitlines()[0] == ",".join(CSV_COLUMNS)
+    columns, rows = result_tables(EXPERIMENT, result)["results"]
+    assert columns == [*CSV_COLUMNS, "experiment", "model"]
+    assert (full_run / "results.csv").read_text().splitlines()[0] == ",".join(columns)
     assert (full_run / "profiles.csv").read_text().splitlines()[0] == ",".join(PROFILE_COLUMNS)
-    assert (full_run / "results.csv").read_text() == csv_text(CSV_COLUMNS, result.rows())
+    assert (full_run / "results.csv").read_text() == csv_text(columns, list(rows))
+    assert (full_run / "results.csv").read_text().splitlines()[1].endswith(",pde,tiny-llama")
     summary = json.loads((full_run / "summary.json").read_text())
     assert "power-law decay" in summary["verdict"] and set(summary["verdicts"]) == {"attention", "hidden"}
     rows = [r["delta_aic"] for r in summary["attention"] if r["delta_aic"] is not None]
