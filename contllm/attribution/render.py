@@ -76,31 +76,23 @@ def text_heatmap(record: Any, *, measure: str = "attribution", title: str = "") 
         x = 0.0
         for i, part in line:
             shown = part.replace("\t", " ")
-            if i in values:
-                box = {"facecolor": cmap(norm(values[i])), "edgecolor": "none", "pad": 0.6}
-                ax.text(
-                    x,
-                    row * line_h,
-                    shown,
-                    family="monospace",
-                    fontsize=8,
-                    va="center",
-                    ha="left",
-                    bbox=box,
-                    fontweight="bold" if i in span else "normal",
-                )
-            else:
-                ax.text(
-                    x,
-                    row * line_h,
-                    shown,
-                    family="monospace",
-                    fontsize=8,
-                    va="center",
-                    ha="left",
-                    color="0.55",
-                    fontweight="bold" if i in span else "normal",
-                )
+            # an attributed token sits on its colour; the others are drawn grey
+            style = (
+                {"bbox": {"facecolor": cmap(norm(values[i])), "edgecolor": "none", "pad": 0.6}}
+                if i in values
+                else {"color": "0.55"}
+            )
+            ax.text(
+                x,
+                row * line_h,
+                shown,
+                family="monospace",
+                fontsize=8,
+                va="center",
+                ha="left",
+                fontweight="bold" if i in span else "normal",
+                **style,
+            )
             x += char_w * len(shown)
     bar = fig.add_axes((0.9, 0.15, 0.015, 0.7))
     fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=bar, label=measure)
