@@ -41,6 +41,13 @@ def item_figure(result: Result, sweep: Sweep, what: str, *, counts: bool) -> Any
     # solving the layout took a third of each figure's time.
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     fig.subplots_adjust(left=0.09, right=0.9, bottom=0.12, top=0.86)
+    item_panel(ax, result, sweep, counts=counts)
+    ax.set_title(f"{result.model} · {result.experiment} · {sweep.item_id}\n{what}", fontsize=9)
+    return fig
+
+
+def item_panel(ax: Any, result: Result, sweep: Sweep, *, counts: bool, proportional: bool = False) -> None:
+    """One item's curves on ``ax``; with ``counts`` a twin axis with E[k], the argmax count and (``proportional``) n·c."""
     colors = plt.get_cmap("tab10")
     for j, label in enumerate(sweep.labels):
         width = 2.6 if label == sweep.truth else 1.4
@@ -49,21 +56,46 @@ def item_figure(result: Result, sweep: Sweep, what: str, *, counts: bool) -> Any
     ax.set_ylabel("probability")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    if counts:
-        implied = sweep.implied_value()
-        twin = ax.twinx()
-        twin.plot(sweep.x, implied, "k--", lw=2, label="implied count E[k]")
-        argmax = [float(v) for v in sweep.argmax_labels()]
-        twin.plot(sweep.x, argmax, "ks", ms=4, alpha=0.6, label="argmax count")
-        twin.set_ylabel("count")
-        twin.set_ylim(-0.3, 9.3)
-        handles, labels = ax.get_legend_handles_labels()
-        h2, l2 = twin.get_legend_handles_labels()
-        ax.legend(handles + h2, labels + l2, fontsize=7, ncol=2, loc="upper left", title="label (true count bold)")
-    else:
+    if not counts:
         ax.legend(fontsize=8, loc="best", title="label")
-    ax.set_title(f"{result.model} · {result.experiment} · {sweep.item_id}\n{what}", fontsize=9)
-    return fig
+        return
+    implied = sweep.implied_value()
+    twin = ax.twinx()
+    twin.plot(sweep.x, implied, "k--", lw=2, label="implied count E[k]")
+    argmax = [float(v) for v in sweep.argmax_labels()]
+    twin.plot(sweep.x, argmax, "ks", ms=4, alpha=0.6, label="argmax count")
+    if proportional:
+        twin.plot(
+            sweep.x,
+            _proportional_count(sweep),
+            ":",
+            color="0.3",
+            lw=1.5,
+            label="count proportional to time (n·c)"
+            if not sweep.meta.get("event")
+            else "count proportional to time (n−1+c)",
+        )
+    twin.set_ylabel("count")
+    if proportional:
+        twin.set_ylim(bottom=0)
+    handles, labels = ax.get_legend_handles_labels()
+    h2, l2 = twin.get_legend_handles_labels()
+    ax.legend(handles + h2, labels + l2, fontsize=7, ncol=2, loc="upper left", title="label (true count bold)")
+
+
+def representative(sweeps: Sequence[Sweep]) -> tuple[Sweep, str]:
+    """The item a summary shows whole, and why: of the items with n = 4 (the paper's four apples; else the largest n),
+    the median by how many of the counts 1..n are the argmax somewhere on the sweep (ties by item id)."""
+    ns = [int(s.truth or 0) for s in sweeps]
+    n = 4 if 4 in ns else max(ns)
+    same = [s for s in sweeps if int(s.truth or 0) == n]
+
+    def reached(s: Sweep) -> int:
+        return len({lab for lab in s.argmax_labels()} & {str(k) for k in range(1, n + 1)})
+
+    ranked = sorted(same, key=lambda s: (reached(s), s.item_id))
+    chosen = ranked[(len(ranked) - 1) // 2]
+    return chosen, f"{chosen.item_id}: n = {n}, median of {_count_items(len(same))} by counts 1..{n} reached as argmax"
 
 
 def count_summary_figure(result: Result) -> Any:
@@ -71,7 +103,10 @@ def count_summary_figure(result: Result) -> Any:
     by_n: dict[int, list[Sweep]] = defaultdict(list)
     for s in result.sweeps:
         by_n[int(s.truth or 0)].append(s)
-    fig, (left, right, sensitivity) = plt.subplots(1, 3, figsize=(16, 4.5), constrained_layout=True)
+    fig, ((one, left), (right, sensitivity)) = plt.subplots(2, 2, figsize=(14, 9), constrained_layout=True)
+    chosen, why = representative(result.sweeps)
+    item_panel(one, result, chosen, counts=True, proportional=True)
+    one.set_title(f"one item ({why})", fontsize=10)
     threshold_panel(sensitivity, result.sweeps)
     cmap = plt.get_cmap("viridis")
     ns = sorted(by_n)
