@@ -40,7 +40,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -49,8 +49,20 @@ from contllm.attention import switched_attention
 from contllm.engine import Positions, check_inputs, check_signals, evaluation, read_indices
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.families import attention_modules, attention_outputs, decoder_layers, final_norm, mlp_modules, model_of
-from contllm.hooks import first_output, hidden_of, input_hook, output_hook, replace_first_output, with_hidden
+from contllm.hooks import (
+    InputFn,
+    OutputFn,
+    first_output,
+    hidden_of,
+    input_hook,
+    output_hook,
+    replace_first_output,
+    with_hidden,
+)
 from contllm.signal import Signal, SignalBatch, pad_signals
+
+if TYPE_CHECKING:  # only in annotations, which are strings at run time
+    from typing_extensions import TypeIs
 
 __all__ = [
     "ActivationCache",
@@ -332,21 +344,31 @@ def _width(point: _Point, hidden: int) -> int:
     """The last dimension of ``point``'s values: the hidden size, or the output projection's input width for hook_z."""
     if not point.name.endswith("attn.hook_z"):
         return hidden
-    weight = point.module.weight
     # nn.Linear stores [out, in]; GPT-2's Conv1D stores [in, out].
-    return int(point.module.in_features) if isinstance(point.module, nn.Linear) else int(weight.shape[0])
+    if isinstance(point.module, nn.Linear):
+        return int(point.module.in_features)
+    weight = point.module.weight
+    if not isinstance(weight, torch.Tensor):
+        raise UnsupportedModelError(f"{point.name}: the output projection has no weight tensor to read its width from")
+    return int(weight.shape[0])
+
+
+def _one_list_per_signal(positions: Sequence[int] | Sequence[Sequence[int]]) -> TypeIs[Sequence[Sequence[int]]]:
+    """Whether ``positions`` is a list of position lists (one per signal) rather than one list for every signal."""
+    given = list(positions)
+    return bool(given) and all(isinstance(p, Sequence) and not isinstance(p, str) for p in given)
 
 
 def _patch_rows(item: Patch, signals: Sequence[Signal], hidden: int) -> list[tuple[list[int], torch.Tensor]]:
     """(token indices, values [k, hidden]) per signal of ``item``; SignalError naming what does not fit."""
     count = len(signals)
-    positions = list(item.positions)
-    if positions and all(isinstance(p, Sequence) and not isinstance(p, str) for p in positions):
+    positions = item.positions
+    if _one_list_per_signal(positions):
         if len(positions) != count:
             raise SignalError(f"{item.name}: {len(positions)} position lists for {count} signals")
         per_signal = [list(p) for p in positions]
     else:
-        per_signal = [positions] * count
+        per_signal = [list(positions)] * count
     values = item.values
     if isinstance(values, torch.Tensor):
         if values.ndim == 2:
@@ -409,13 +431,21 @@ def patch(lm: Any, signals: Signal | Sequence[Signal], patches: Patch | Sequence
         for point, mode, columns, values in planned:
             edit = _editor(point.name, mode, columns, values, (len(batch), batch.width))
             if point.kind == "input":
-                hook = input_hook(point.module, lambda m, a, k, edit=edit: with_hidden(a, k, edit(hidden_of(a, k))))
+                hook = input_hook(point.module, _input_edit(edit))
             else:
-                hook = output_hook(
-                    point.module, lambda m, a, k, o, edit=edit: replace_first_output(o, edit(first_output(o)))
-                )
+                hook = output_hook(point.module, _output_edit(edit))
             stack.enter_context(hook)
         yield
+
+
+def _input_edit(edit: Callable[[torch.Tensor], torch.Tensor]) -> InputFn:
+    """A forward pre-hook that calls the module with ``edit`` of its hidden states."""
+    return lambda module, args, kwargs: with_hidden(args, kwargs, edit(hidden_of(args, kwargs)))
+
+
+def _output_edit(edit: Callable[[torch.Tensor], torch.Tensor]) -> OutputFn:
+    """A forward hook that replaces the module's hidden states by ``edit`` of them."""
+    return lambda module, args, kwargs, output: replace_first_output(output, edit(first_output(output)))
 
 
 def _editor(

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +148,7 @@ def read_json(path: str | Path, error: type[Exception] = RunDirectoryError) -> A
     return parse_json(text, f"cannot read {path}", error)
 
 
-def csv_text(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> str:
+def csv_text(columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> str:
     """Rows (dicts keyed by column) as CSV text with a header; missing cells are empty."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
@@ -158,7 +158,7 @@ def csv_text(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-def write_csv(path: str | Path, columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> Path:
+def write_csv(path: str | Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> Path:
     """A CSV table written atomically (see :func:`csv_text`)."""
     return atomic_write_text(path, csv_text(columns, rows))
 

@@ -66,9 +66,9 @@ class TokenSets:
                     wanted[form] = label
         found: dict[str, list[int]] = {label: [] for label in spellings}
         for i, text in enumerate(decoded_vocabulary(tokenizer)):
-            label = wanted.get(text)
-            if label is not None:
-                found[label].append(i)
+            match = wanted.get(text)
+            if match is not None:
+                found[match].append(i)
         missing = [label for label, ids in found.items() if not ids]
         if missing:
             raise ExperimentError(f"no single token of this tokenizer spells {', '.join(map(repr, missing))}")

@@ -114,12 +114,14 @@ def load_run(path: str | Path) -> Run:
         )
     name = config.get("experiment")
     try:
-        experiment = registry.get(name)
+        experiment = registry.get(name) if isinstance(name, str) else None
     except ContllmError:
+        experiment = None
+    if experiment is None:
         raise RunDirectoryError(
             f"{path}: its config names the experiment {name!r}, which is not registered "
             f"(known: {', '.join(registry.names())})"
-        ) from None
+        )
     try:
         result = experiment.load_result(_read(path / RESULTS, path))
         summary = experiment.summary(result)

@@ -25,14 +25,19 @@ import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from contllm.errors import ExperimentError
 from contllm.files import parse_json
 
 __all__ = ["Row", "read_rows", "data_option_help", "file_sha256", "read_data_file", "unique_ids"]
 
-T = TypeVar("T")
+if TYPE_CHECKING:  # only in annotations: the data files do not import the experiments at run time
+    from contllm.experiments.base import Item
+
+#: An item of a dataset: anything with a string ``id``.
+ItemT = TypeVar("ItemT", bound="Item")
+
 _MISSING = object()
 
 #: Largest dataset file read (bytes): items are held in memory, and a mistaken path to a
@@ -206,7 +211,7 @@ def _json_rows(name: str, text: str) -> list[Row]:
 
 
 def _jsonl_rows(name: str, text: str) -> list[Row]:
-    rows = []
+    rows: list[Row] = []
     for line_number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -237,7 +242,11 @@ def _csv_rows(name: str, text: str) -> list[Row]:
     return rows
 
 
-def unique_ids(items: Sequence[T], path: str, id_of: Callable[[T], str] = lambda item: item.id) -> list[T]:  # type: ignore[attr-defined]
+def _item_id(item: Item) -> str:
+    return item.id
+
+
+def unique_ids(items: Sequence[ItemT], path: str, id_of: Callable[[ItemT], str] = _item_id) -> list[ItemT]:
     """``items`` when their ids are unique; ExperimentError naming the first repeated id otherwise."""
     seen: dict[str, int] = {}
     for number, item in enumerate(items, 1):
@@ -249,8 +258,8 @@ def unique_ids(items: Sequence[T], path: str, id_of: Callable[[T], str] = lambda
 
 
 def read_items(
-    path: str | Path, build: Callable[[Row], T], shape: Callable[[list[Row]], list[Row]] | None = None
-) -> list[T]:
+    path: str | Path, build: Callable[[Row], ItemT], shape: Callable[[list[Row]], list[Row]] | None = None
+) -> list[ItemT]:
     """The items of a dataset file: ``build`` makes one item of each row; ids must be unique.
 
     shape: reads another layout of the rows (the paper's, :mod:`contllm.data.paper`) into

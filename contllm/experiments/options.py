@@ -78,11 +78,12 @@ METHOD = Option("method", "str", "linear or slerp interpolation. [default: linea
 def read_value(value: Any, kind: Kind, where: str) -> Any:
     """``value`` read as ``kind``; ExperimentError naming ``where`` when it is not one."""
     if kind in ("ints", "floats", "words"):
-        item = {"ints": "int", "floats": "float", "words": "str"}[kind]
+        elements: dict[str, Kind] = {"ints": "int", "floats": "float", "words": "str"}
+        item = elements[kind]
         parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else value
         if not isinstance(parts, (list, tuple)):
             raise ExperimentError(f"{where} must be a comma-separated list or a list, got {shown(value)}")
-        values = tuple(read_value(p, item, where) for p in parts if p != "")  # type: ignore[arg-type]
+        values = tuple(read_value(p, item, where) for p in parts if p != "")
         if not values:
             raise ExperimentError(f"{where} is empty")
         return values

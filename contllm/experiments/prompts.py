@@ -77,18 +77,18 @@ def render(template: str, values: Mapping[str, str | Sequence[str]], *, required
     out: list[str] = []
     spans: dict[str, list[Span]] = {name: [] for name in values}
     pos = 0
-    for literal, name, _, _ in string.Formatter().parse(template):
+    for literal, field, _, _ in string.Formatter().parse(template):
         out.append(literal)
         pos += len(literal)
-        if name is None:
+        if field is None:
             continue
-        value = values[name]
+        value = values[field]
         parts = [value] if isinstance(value, str) else list(value)
         for k, part in enumerate(parts):
             if k:
                 out.append(" ")
                 pos += 1
-            spans[name].append((pos, pos + len(part)))
+            spans[field].append((pos, pos + len(part)))
             out.append(part)
             pos += len(part)
     return Rendered("".join(out), spans)
