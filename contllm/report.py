@@ -206,7 +206,8 @@ def table(runs: Sequence[Run]) -> tuple[list[str], list[list[Any]]]:
         extra += [k for k in d if k not in extra]
     numbers: list[str] = []
     for r in runs:
-        numbers += [k for k, v in r.summary.items() if k not in fixed and k not in numbers and _is_number(v)]
+        taken = {*fixed, *extra, *numbers}  # a number the experiment already describes a run by is not repeated
+        numbers += [k for k, v in r.summary.items() if k not in taken and _is_number(v)]
     columns = [*fixed, *extra, "dtype", *numbers]
     rows = []
     for r, d in zip(runs, described):

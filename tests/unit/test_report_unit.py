@@ -215,3 +215,15 @@ def test_runs_are_ordered_by_each_metrics_declared_direction(tmp_path: Path) -> 
     assert [r.model for r in ranked(pair, jump)] == ["smooth", "rough"]
     summary = json.loads((tmp_path / "smooth" / "summary.json").read_text())
     assert summary["metrics"]["mean_max_jump_p1"]["direction"] == "lower is better"
+
+
+def test_a_number_the_experiment_describes_a_run_by_is_one_column(two_counting_runs: list[Path]) -> None:
+    from contllm.report import load_runs, table
+
+    for run in two_counting_runs:  # a summary that also carries the samples (as patching's carries its factor)
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps({**summary, "samples": 9}))
+    columns, rows = table(load_runs(two_counting_runs))
+    assert columns.count("samples") == 1, columns
+    assert len(set(columns)) == len(columns)
+    assert all(len(row) == len(columns) for row in rows)
