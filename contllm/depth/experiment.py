@@ -26,8 +26,8 @@ from contllm.depth.patches import check_alpha
 from contllm.depth.result import DepthResult, PromptDepth
 from contllm.depth.stack import LayerStack, layer_index
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment, Metric, RunContext
-from contllm.experiments.options import Option, config_dict, parse_floats, parse_ints
+from contllm.experiments.base import Experiment, Metric, RunContext, option_table
+from contllm.experiments.options import config_dict, parse_floats, parse_ints
 from contllm.families import decoder_layers
 
 
@@ -124,6 +124,12 @@ class DepthConfig:
         if self.top_k < 1:
             raise ExperimentError(f"top_k must be >= 1, got {self.top_k}")
 
+    def lipschitz_options(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`~contllm.depth.measures.layer_lipschitz` that this config sets (all but
+        the seed)."""
+        keys = ("eps", "samples", "iters", "sigma_iters", "method")
+        return {key: getattr(self, key) for key in keys}
+
     def resolved_layers(self, n_layers: int) -> list[int]:
         """The single-layer probe layers as indices 0 .. n_layers - 1 (checked, in order, no repeats)."""
         if self.layer is None:
@@ -179,16 +185,7 @@ def probe_prompt(
         token_ids=[int(t) for t in ids],
         tokens=tokens,
         profile=step_profile(trace),
-        lipschitz=layer_lipschitz(
-            stack,
-            trace,
-            eps=config.eps,
-            samples=config.samples,
-            iters=config.iters,
-            sigma_iters=config.sigma_iters,
-            method=config.method,
-            seed=seed + 1000 * index,
-        ),
+        lipschitz=layer_lipschitz(stack, trace, seed=seed + 1000 * index, **config.lipschitz_options()),
         propagation=propagation,
         fractional=fractional,
         half=half_step_defects(stack, trace),
@@ -227,6 +224,7 @@ def depth_result(model: str, config: DepthConfig, records: Sequence[PromptDepth]
     n_layers = int(np.asarray(records[0].profile["ratio"]).shape[0])
     token_strings = {k: v for r in records for k, v in r.token_strings.items()}
     return DepthResult(
+        experiment="depth",
         model=str(model),
         config=config_dict(config),
         n_layers=n_layers,
@@ -266,7 +264,7 @@ def run_depth(
     return depth_result(name, config, records)
 
 
-class DepthExperiment(Experiment):
+class DepthExperiment(Experiment[PromptDepth, DepthResult]):
     """``contllm run depth``: the depth probes of :mod:`contllm.depth` on :data:`PROMPTS`."""
 
     name = "depth"
@@ -279,38 +277,24 @@ class DepthExperiment(Experiment):
         "split into two half steps. --seed sets the random directions."
     )
     Config = DepthConfig
-    options = (
-        Option(
-            "layer",
-            "ints",
-            "layers of the single-layer probes, comma-separated, negative from the end. "
-            "[default: first, 1/4, 1/2, 3/4, last]",
-        ),
-        Option(
-            "eps", "floats", "perturbation sizes relative to ||h||, comma-separated, > 0. [default: 1e-3,1e-2,1e-1]"
-        ),
-        Option(
-            "alphas",
-            "floats",
-            "update scales alpha in [0, 2], comma-separated (1 is always added). [default: 0,0.25,...,2]",
-        ),
+    result_type = DepthResult
+    options = option_table(
+        """
+        layer   ints    layers of the single-layer probes, comma-separated, negative from the end. [default: first, 1/4, 1/2, 3/4, last]
+        eps     floats  perturbation sizes relative to ||h||, comma-separated, > 0. [default: 1e-3,1e-2,1e-1]
+        alphas  floats  update scales alpha in [0, 2], comma-separated (1 is always added). [default: 0,0.25,...,2]
+        """
     )
     engine = False
     shardable = True  # each prompt is seeded by its place in PROMPTS: any process can take it
     unit = "prompt"
-    metrics = (
-        Metric(
-            "half_step_defect_median",
-            "lower",
-            "||two half steps - one full step|| / ||update||, median over layers: how well a layer splits like a flow",
-        ),
-        Metric("half_step_kl_all_last", "lower", "KL(every layer split in two || stock) at the last position"),
-        Metric(
-            "step_ratio_median", "lower", "||f_l|| / ||h_l||, median over layers and tokens: how small each update is"
-        ),
-        Metric(
-            "curvature_median", "lower", "||f_(l+1) - f_l|| / ||f_l||, median over layers: how smoothly updates vary"
-        ),
+    metrics = Metric.table(
+        """
+        half_step_defect_median  lower  ||two half steps - one full step|| / ||update||, median over layers: how well a layer splits like a flow
+        half_step_kl_all_last    lower  KL(every layer split in two || stock) at the last position
+        step_ratio_median        lower  ||f_l|| / ||h_l||, median over layers and tokens: how small each update is
+        curvature_median         lower  ||f_(l+1) - f_l|| / ||f_l||, median over layers: how smoothly updates vary
+        """
     )
 
     def items(self, config: DepthConfig) -> Sequence[DepthPrompt]:
@@ -331,14 +315,8 @@ class DepthExperiment(Experiment):
         for record in probe_prompts(lm, config, items, seed=context.seed, indices=indices):
             yield record.id, record
 
-    def decode(self, data: dict[str, Any]) -> PromptDepth:
-        return PromptDepth.from_dict(data)
-
     def result(self, model: str, config: DepthConfig, records: Sequence[PromptDepth]) -> DepthResult:
         return depth_result(model, self.check_config(config), records)
-
-    def load_result(self, data: dict[str, Any]) -> DepthResult:
-        return DepthResult.from_dict(data)
 
     def tables(self, result: DepthResult) -> dict[str, Any]:
         return result.tables()

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from contllm.errors import ExperimentError
+from contllm.experiments.records import Record, Records
 from contllm.files import as_array, jsonable
 
 
 @dataclass
-class PromptDepth:
+class PromptDepth(Record, what="depth record"):
     """Every probe on one prompt. Arrays are over layers (see each probe's function).
 
     profile: :func:`step_profile`; lipschitz: :func:`layer_lipschitz`; propagation: one
@@ -33,7 +34,7 @@ class PromptDepth:
     text: str | None
     token_ids: list[int]
     tokens: list[str] | None
-    profile: dict[str, Any]
+    profile: dict[str, np.ndarray]
     lipschitz: dict[str, Any]
     propagation: list[dict[str, Any]]
     fractional: dict[str, Any]
@@ -41,40 +42,18 @@ class PromptDepth:
     seconds: float = 0.0
     token_strings: dict[str, str] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return jsonable(asdict(self))
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PromptDepth:
-        try:
-            profile = {k: as_array(v) for k, v in data["profile"].items()}
-            lip = dict(data["lipschitz"])
-            lipschitz = {
-                "eps": list(lip["eps"]),
-                "L": {k: as_array(v) for k, v in lip["L"].items()},
-                "mu": {k: as_array(v) for k, v in lip["mu"].items()},
-                **{k: as_array(lip[k]) for k in ("sigma_max", "lambda_max", "sigma_residual", "lambda_residual")},
-            }
-            propagation = [
-                {**r, **{k: as_array(r[k]) for k in ("gain", "spread", "relative", "growth")}}
-                for r in data["propagation"]
-            ]
-            half = {k: (as_array(v) if isinstance(v, list) else v) for k, v in data["half"].items()}
-            return cls(
-                id=str(data["id"]),
-                text=data.get("text"),
-                token_ids=[int(t) for t in data["token_ids"]],
-                tokens=data.get("tokens"),
-                profile=profile,
-                lipschitz=lipschitz,
-                propagation=propagation,
-                fractional=dict(data["fractional"]),
-                half=half,
-                seconds=float(data.get("seconds", 0.0)),
-                token_strings={str(k): str(v) for k, v in (data.get("token_strings") or {}).items()},
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ExperimentError(f"malformed depth record: {exc}") from None
+    def check_loaded(self) -> None:
+        """Arrays where the probes hold them (the rest of a probe's dict stays as read)."""
+        lip = self.lipschitz
+        self.lipschitz = {
+            "eps": list(lip["eps"]),
+            "L": {k: as_array(v) for k, v in lip["L"].items()},
+            "mu": {k: as_array(v) for k, v in lip["mu"].items()},
+            **{k: as_array(lip[k]) for k in ("sigma_max", "lambda_max", "sigma_residual", "lambda_residual")},
+        }
+        arrays = ("gain", "spread", "relative", "growth")
+        self.propagation = [{**r, **{k: as_array(r[k]) for k in arrays}} for r in self.propagation]
+        self.half = {k: (as_array(v) if isinstance(v, list) else v) for k, v in self.half.items()}
 
 
 QUANTILES = (5, 25, 50, 75, 95)
@@ -88,19 +67,16 @@ def _geomean(curves: Sequence[np.ndarray]) -> np.ndarray:
 
 
 @dataclass
-class DepthResult:
+class DepthResult(Records[PromptDepth], record=PromptDepth, what="depth result"):
     """The depth probes of one model on a few prompts.
 
-    model: its name; config: the :class:`DepthConfig` as a dict; n_layers; layers: the
-    single-layer probe layers; records: one :class:`PromptDepth` per prompt;
-    token_strings: decoded read-out tokens by id (for legends).
+    experiment: "depth"; model: its name; config: the :class:`DepthConfig` as a dict;
+    records: one :class:`PromptDepth` per prompt; n_layers; layers: the single-layer probe
+    layers; token_strings: decoded read-out tokens by id (for legends).
     """
 
-    model: str
-    config: dict[str, Any]
     n_layers: int
     layers: list[int]
-    records: list[PromptDepth]
     token_strings: dict[str, str] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ aggregates
@@ -311,31 +287,8 @@ class DepthResult:
         return rows
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable(
-            {
-                "experiment": "depth",
-                "model": self.model,
-                "config": self.config,
-                "n_layers": self.n_layers,
-                "layers": self.layers,
-                "token_strings": self.token_strings,
-                "records": [r.to_dict() for r in self.records],
-            }
-        )
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DepthResult:
-        try:
-            return cls(
-                model=str(data["model"]),
-                config=dict(data["config"]),
-                n_layers=int(data["n_layers"]),
-                layers=[int(i) for i in data["layers"]],
-                records=[PromptDepth.from_dict(r) for r in data["records"]],
-                token_strings={str(k): str(v) for k, v in (data.get("token_strings") or {}).items()},
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ExperimentError(f"malformed depth result: {exc}") from None
+        data: dict[str, Any] = jsonable(super().to_dict())  # non-finite numbers as null
+        return data
 
     def tables(self) -> dict[str, tuple[Sequence[str], list[dict[str, Any]]]]:
         """The CSV tables: "results" (:meth:`rows`) and "layers" (:meth:`layer_rows`), non-finite cells empty."""

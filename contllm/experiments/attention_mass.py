@@ -12,17 +12,22 @@ attention (a model loaded with sdpa runs it for this experiment).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from contllm.activations import run_with_cache
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Metric, Records, RunContext, Table
-from contllm.experiments.inside import SweepInsideConfig, SweepInsideExperiment, prompt_of, sweep_inside_options
-from contllm.families import decoder_layers
+from contllm.experiments.base import Metric, RunContext, Table
+from contllm.experiments.inside import (
+    Prompt,
+    SweepInsideConfig,
+    SweepInsideExperiment,
+    layer_cache,
+    prompt_of,
+    sweep_inside_options,
+)
+from contllm.experiments.records import ItemRecords, Record
 
 #: Mass is clipped to [EPS, 1 - EPS] before its logit is taken.
 EPS = 1e-9
@@ -32,7 +37,7 @@ COMPENSATES = 0.5
 
 
 @dataclass
-class MassRecord:
+class MassRecord(Record, what="attention-mass record"):
     """One item: factors [S]; mass [S, layers, heads] on the scaled tokens at the read position; slopes
     [layers, heads] of logit(mass) against log(c) (least squares over the sweep)."""
 
@@ -44,35 +49,8 @@ class MassRecord:
     truth: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "item_id": self.item_id,
-            "factors": self.factors.tolist(),
-            "mass": self.mass.tolist(),
-            "slopes": self.slopes.tolist(),
-            "scaled": list(self.scaled),
-            "truth": self.truth,
-            "meta": self.meta,
-        }
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MassRecord:
-        try:
-            return cls(
-                str(data["item_id"]),
-                np.asarray(data["factors"], dtype=np.float64),
-                np.asarray(data["mass"], dtype=np.float64),
-                np.asarray(data["slopes"], dtype=np.float64),
-                [int(i) for i in data["scaled"]],
-                int(data.get("truth", 0)),
-                dict(data.get("meta") or {}),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ExperimentError(f"malformed attention-mass record: {exc}") from None
-
-
-@dataclass
-class MassResult(Records[MassRecord], record=MassRecord, key="items", one="item"):
+class MassResult(ItemRecords[MassRecord], record=MassRecord):
     """Every item's attention mass from one run (``items``), with the configuration that made it."""
 
 
@@ -85,10 +63,8 @@ def log_odds_slopes(factors: np.ndarray, mass: np.ndarray) -> np.ndarray:
     return np.tensordot(xc, y - y.mean(axis=0), axes=(0, 0)) / float(xc @ xc)
 
 
-def mass_item(lm: Any, item_id: str, prompt: Any, factors: np.ndarray) -> MassRecord:
-    signals = [prompt.at(c) for c in factors]
-    names = [f"blocks.{i}.attn.hook_pattern" for i in range(len(decoder_layers(lm)))]
-    cache = run_with_cache(lm, signals, names=names, positions="last")
+def mass_item(lm: Any, item_id: str, prompt: Prompt, factors: np.ndarray) -> MassRecord:
+    _, names, cache = layer_cache(lm, prompt, factors, "attn.hook_pattern")
     scaled = list(prompt.scaled)
     # [S, heads, 1, tokens] per layer -> mass [S, layers, heads]
     mass = np.stack([cache[name][:, :, 0, scaled].sum(-1).double().numpy() for name in names], axis=1)
@@ -103,7 +79,7 @@ def mass_item(lm: Any, item_id: str, prompt: Any, factors: np.ndarray) -> MassRe
     )
 
 
-class AttentionMassExperiment(SweepInsideExperiment):
+class AttentionMassExperiment(SweepInsideExperiment[MassRecord, MassResult]):
     name = "attention-mass"
     help = "Per layer and head, the attention the read position pays to the scaled tokens as c varies, against log(c)."
     description = (
@@ -116,19 +92,16 @@ class AttentionMassExperiment(SweepInsideExperiment):
     options = sweep_inside_options(2)
     figure = "attention_mass_figure"
     result_type = MassResult
-    metrics = (
-        Metric(
-            "median_slope", "higher", "median over heads of the slope of logit(mass) against log(c) (1: the bias alone)"
-        ),
-        Metric("share_following", "higher", f"share of heads whose slope lies within {FOLLOWS} of 1"),
-        Metric("share_compensating", "lower", f"share of heads whose slope is below {COMPENSATES}"),
+    metrics = Metric.table(
+        f"""
+        median_slope        higher  median over heads of the slope of logit(mass) against log(c) (1: the bias alone)
+        share_following     higher  share of heads whose slope lies within {FOLLOWS} of 1
+        share_compensating  lower   share of heads whose slope is below {COMPENSATES}
+        """
     )
 
-    def run(
-        self, lm: Any, config: SweepInsideConfig, items: Sequence[Any], context: RunContext
-    ) -> Iterator[tuple[str, MassRecord]]:
-        for item in items:
-            yield item.id, mass_item(lm, item.id, prompt_of(lm, item, config), config.factors())
+    def run_item(self, lm: Any, config: SweepInsideConfig, item: Any, context: RunContext) -> MassRecord:
+        return mass_item(lm, item.id, prompt_of(lm, item, config), config.factors())
 
     def tables(self, result: MassResult) -> dict[str, Table]:
         rows = [

@@ -3,8 +3,10 @@
 An experiment is a subclass of :class:`Experiment` and an instance of it (``EXPERIMENT``),
 named by one ``"module:ATTR"`` line in :mod:`contllm.registry`; CONTRIBUTING.md says where
 each of its parts lives. The experiment says what its options and items are and how a
-model turns its items into records; its result is a :class:`Records` subclass, its
-headline numbers are declared as :class:`Metric` entries, and its figures come from
+model turns its items into records; its records are :class:`~contllm.experiments.records.Record`
+dataclasses and its result a :class:`~contllm.experiments.records.Records` subclass (JSON
+by their type hints), its options and headline numbers are declared as tables
+(:func:`option_table`, :meth:`Metric.table`), and its figures come from
 :meth:`Experiment.summary_figure` and :meth:`Experiment.item_figure`. Everything else
 (settings, the run directory, loading the model, the manifest, resume, shards over
 processes, progress) belongs to :mod:`contllm.runner`, and every file written to
@@ -17,12 +19,16 @@ Data in, data out: :meth:`Experiment.run` and :meth:`Experiment.result` write no
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, get_args
 
 from contllm.errors import ExperimentError
-from contllm.experiments.options import Option, build_config, config_dict
+from contllm.experiments.options import Kind, Option, build_config, config_dict
+from contllm.experiments.records import Records, plain
 from contllm.logs import note
+
+#: The kinds of an option, by name (:func:`option_table`).
+KINDS: dict[str, Kind] = {kind: kind for kind in get_args(Kind)}
 
 
 class Item(Protocol):
@@ -41,6 +47,8 @@ class Result(Protocol):
 Table = tuple[Sequence[str], Iterable[Mapping[str, Any]]]
 
 R = TypeVar("R")
+RecordT = TypeVar("RecordT")
+ResultT = TypeVar("ResultT")
 
 
 @dataclass(frozen=True)
@@ -65,78 +73,55 @@ class Metric:
     def to_dict(self) -> dict[str, str]:
         return {"direction": f"{self.direction} is better", "meaning": self.meaning}
 
+    @classmethod
+    def table(cls, text: str) -> tuple[Metric, ...]:
+        """Metrics from a table, one a line: the name, the direction (higher or lower) and the meaning (the rest of
+        the line), apart by spaces; blank lines are passed over::
 
-@dataclass
-class Records(Generic[R]):
-    """A result that is every item's record of one run, in item order, with the config that made it.
+            metrics = Metric.table(
+                '''
+                accuracy_at_1  higher  share of items whose most probable digit at factor 1 is the true count
+                mean_tv        lower   total variation of P(1) over the sweep, mean over items
+                '''
+            )
+        """
+        out = []
+        for name, direction, meaning in _rows(text, "a name, a direction and a meaning"):
+            if direction not in ("higher", "lower"):
+                raise ExperimentError(f"metric {name}: direction must be 'higher' or 'lower', got {direction!r}")
+            out.append(cls(name, "higher" if direction == "higher" else "lower", meaning))
+        return tuple(out)
 
-    A subclass names its record type (with ``to_dict``/``from_dict`` and an ``item_id``)
-    in its class line, and optionally the key of the records in results.json (also a
-    read-only name for ``records``) and a name for :meth:`record`::
 
-        class TrackResult(Records[Track], record=Track, key="tracks", one="track"): ...
+def option_table(text: str) -> tuple[Option, ...]:
+    """Options from a table, one a line: the name, the kind (see :class:`~contllm.experiments.options.Option`),
+    then the command-line spelling where it is not ``--name`` (a word that starts with "--", e.g.
+    ``--chat/--no-chat``) and the help (the rest of the line), apart by spaces::
 
-    It adds views of the records (rows, a common grid, ...) and may add JSON-able fields
-    after ``records`` (kept in results.json beside them).
+        options = option_table(
+            '''
+            first  int                     Items: the dataset's first N; 0 for all. [default: 8]
+            chat   bool  --chat/--no-chat  Wrap prompts in the model's chat template.
+            '''
+        )
     """
+    out = []
+    for name, kind, rest in _rows(text, "a name, a kind and a help"):
+        if kind not in KINDS:
+            raise ExperimentError(f"option {name}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        flag, _, help_ = rest.partition(" ") if rest.startswith("--") else (None, "", rest)
+        out.append(Option(name, KINDS[kind], help_.strip(), flag=flag))
+    return tuple(out)
 
-    experiment: str
-    model: str
-    config: dict[str, Any]
-    records: list[R]
 
-    record_type: ClassVar[type] = dict
-    key: ClassVar[str] = "records"
-
-    def __init_subclass__(
-        cls, record: type | None = None, key: str = "records", one: str | None = None, **rest: Any
-    ) -> None:
-        super().__init_subclass__(**rest)
-        if record is not None:
-            cls.record_type = record
-        cls.key = key
-        if key != "records":
-            setattr(cls, key, property(lambda self: self.records, doc=f"The records (results.json's {key!r})."))
-        if one is not None:
-            setattr(cls, one, Records.record)
-
-    def record(self, item_id: str) -> R:
-        """The record of one item; ExperimentError when the result has none."""
-        for record in self.records:
-            if getattr(record, "item_id", None) == item_id:
-                return record
-        raise ExperimentError(f"no item {item_id!r} in this result")
-
-    def to_dict(self) -> dict[str, Any]:
-        """experiment, model, config, the fields a subclass adds and the records under ``key``, as JSON-able data."""
-        added = {name: getattr(self, name) for name in self.extra_fields()}
-        return {
-            "experiment": self.experiment,
-            "model": self.model,
-            "config": self.config,
-            **added,
-            self.key: [r.to_dict() for r in self.records],
-        }  # type: ignore[attr-defined]
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Any:
-        """The result from :meth:`to_dict`'s data; ExperimentError naming what is missing or malformed."""
-        try:
-            extra = {name: data[name] for name in cls.extra_fields() if name in data}
-            return cls(
-                str(data["experiment"]),
-                str(data["model"]),
-                dict(data["config"]),
-                [cls.record_type.from_dict(r) for r in data[cls.key]],
-                **extra,
-            )  # type: ignore[attr-defined]
-        except (KeyError, TypeError) as exc:
-            raise ExperimentError(f"malformed results file: missing {exc}") from None
-
-    @classmethod
-    def extra_fields(cls) -> tuple[str, ...]:
-        """The names of the fields a subclass adds after ``records``."""
-        return tuple(f.name for f in fields(cls)[4:])
+def _rows(text: str, columns: str) -> list[list[str]]:
+    """The non-blank lines of a declaration table, each split into its first two words and the rest (``columns``
+    says what they are, for the error)."""
+    rows = [[word.strip() for word in line.split(None, 2)] for line in text.splitlines() if line.strip()]
+    for row in rows:
+        if len(row) < 3:
+            raise ExperimentError(f"a table's line needs {columns}, got {' '.join(row)!r}")
+    return rows
 
 
 @dataclass
@@ -161,7 +146,7 @@ class RunContext:
     group_bytes: int = 0
 
 
-class Experiment:
+class Experiment(Generic[RecordT, ResultT]):
     """The declaration of one experiment (subclass it; see the module docstring).
 
     Class attributes:
@@ -179,6 +164,9 @@ class Experiment:
         metrics: the :class:`Metric` of each headline number :meth:`summary` reports.
         result_type: the :class:`Records` subclass of its result; with it, :meth:`decode`,
             :meth:`result` and :meth:`load_result` need no code of their own.
+
+    The type parameters are the types of its records and its result
+    (``Experiment[Track, TrackResult]``).
     """
 
     name: ClassVar[str] = ""
@@ -215,7 +203,7 @@ class Experiment:
     def check(self, lm: Any, config: Any) -> None:
         """Checks that need the loaded model (layer numbers, ...); raise ExperimentError. Nothing is written yet."""
 
-    def groups(self, lm: Any, config: Any, items: Sequence[Item], context: RunContext) -> list[list[Item]] | None:
+    def groups(self, lm: Any, config: Any, items: Sequence[Any], context: RunContext) -> list[list[Any]] | None:
         """The items that :meth:`run` computes together, in order; None when every record is independent of the others.
 
         ``context.group_bytes`` is the run's budget for one group. An experiment that batches several items into one computation (sharing a prompt
@@ -228,43 +216,54 @@ class Experiment:
         """
         return None
 
-    def run(self, lm: Any, config: Any, items: Sequence[Item], context: RunContext) -> Iterator[tuple[str, Any]]:
-        """Compute ``items`` on ``lm``: yields (item id, record) for each item, in order."""
+    def run(self, lm: Any, config: Any, items: Sequence[Any], context: RunContext) -> Iterator[tuple[str, RecordT]]:
+        """Compute ``items`` on ``lm``: yields (item id, record) for each item, in order (by default
+        :meth:`run_item` on one item after the other)."""
+        for item in items:
+            yield item.id, self.run_item(lm, config, item, context)
+
+    def run_item(self, lm: Any, config: Any, item: Any, context: RunContext) -> RecordT:
+        """The record of one item, for the default :meth:`run` (an experiment overrides one of the two)."""
         raise NotImplementedError
 
-    def encode(self, record: Any) -> dict[str, Any]:
-        """A record as JSON-able data (items/<id>.json)."""
-        return record.to_dict()
+    def encode(self, record: RecordT) -> dict[str, Any]:
+        """A record as JSON-able data (items/<id>.json): its ``to_dict()``."""
+        to_dict = getattr(record, "to_dict", None)
+        data: dict[str, Any] = to_dict() if to_dict is not None else plain(record)
+        return data
 
-    def decode(self, data: dict[str, Any]) -> Any:
+    def decode(self, data: dict[str, Any]) -> RecordT:
         """A record from :meth:`encode`'s data; raise ExperimentError (or ValueError) when malformed."""
-        return self._result_type().record_type.from_dict(data)
+        record: RecordT = self._result_type().record_type.from_dict(data)
+        return record
 
     # ------------------------------------------------------------------ results
-    def result(self, model: str, config: Any, records: Sequence[Any]) -> Result:
+    def result(self, model: str, config: Any, records: Sequence[RecordT]) -> ResultT:
         """The whole result from every item's record (in item order)."""
-        return self._result_type()(self.name, model, self.config_dict(config), list(records))
+        result: ResultT = self._result_type()(self.name, model, self.config_dict(config), list(records))
+        return result
 
-    def load_result(self, data: dict[str, Any]) -> Result:
+    def load_result(self, data: dict[str, Any]) -> ResultT:
         """A result from its ``to_dict()`` data (results.json)."""
-        return self._result_type().from_dict(data)
+        result: ResultT = self._result_type().from_dict(data)
+        return result
 
-    def _result_type(self) -> type[Records[Any]]:
+    def _result_type(self) -> Any:
         if self.result_type is None:
             raise NotImplementedError(
                 f"{type(self).__name__} declares no result_type; override decode, result and load_result"
             )
         return self.result_type
 
-    def tables(self, result: Any) -> dict[str, Table]:
+    def tables(self, result: ResultT) -> dict[str, Table]:
         """CSV tables to write beside results.json: file stem -> (columns, rows)."""
         return {}
 
-    def summary(self, result: Any) -> dict[str, Any]:
+    def summary(self, result: ResultT) -> dict[str, Any]:
         """Headline numbers (summary.json; ``contllm report`` compares the numeric ones)."""
         raise NotImplementedError
 
-    def figures(self, result: Any, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
+    def figures(self, result: ResultT, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
         """(name, matplotlib figure) pairs, none saved: "summary" (:meth:`summary_figure`), then with
         ``per_item`` "items/<id>" for each record of a :class:`Records` result (:meth:`item_figure`)."""
         fig = self.summary_figure(result)
@@ -274,24 +273,24 @@ class Experiment:
             for record in result.records:
                 fig = self.item_figure(result, record)
                 if fig is not None:
-                    yield f"items/{record.item_id}", fig  # type: ignore[attr-defined]
+                    yield f"items/{record.item_id}", fig
 
-    def summary_figure(self, result: Any) -> Any:
+    def summary_figure(self, result: ResultT) -> Any:
         """The figure across items (None: none)."""
         return None
 
-    def item_figure(self, result: Any, record: Any) -> Any:
+    def item_figure(self, result: ResultT, record: RecordT) -> Any:
         """The figure of one item's record (None: none)."""
         return None
 
-    def documents(self, result: Any, *, per_item: bool = True) -> Iterator[tuple[str, str]]:
+    def documents(self, result: ResultT, *, per_item: bool = True) -> Iterator[tuple[str, str]]:
         """(relative path, text) pairs of extra files to write beside the figures (e.g. "figures/items/<id>.html")."""
         return iter(())
 
-    def report_columns(self, result: Any) -> dict[str, Any]:
+    def report_columns(self, result: ResultT) -> dict[str, Any]:
         """Columns that describe a run in ``contllm report``'s table (e.g. a sweep's range), beside its summary."""
         return {}
 
-    def comparison(self, results: Sequence[tuple[str, Any]]) -> Any:
+    def comparison(self, results: Sequence[tuple[str, ResultT]]) -> Any:
         """One figure comparing labelled results of this experiment (``contllm report``), or None."""
         return None

@@ -18,22 +18,16 @@ from contllm import metrics
 from contllm.data import BooleanTable, load_boolean
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Metric
-from contllm.experiments.options import METHOD, Option
-from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
-from contllm.experiments.sweeps import (
-    PROTOCOL,
-    ExperimentResult,
-    Sweep,
-    SweepExperiment,
-    SweepPlan,
-    check_alpha_sweep,
-    ends_provenance,
-    resolved_samples,
-    summary_start,
-    sweep_options,
-    sweep_values,
+from contllm.experiments.interpolations import (
+    AlphaSweepConfig,
+    AlphaSweepExperiment,
+    alpha_options,
+    end_accuracy,
+    interpolation_plan,
 )
-from contllm.interpolate import interpolate_spans
+from contllm.experiments.options import Option
+from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.experiments.sweeps import PROTOCOL, ExperimentResult, Sweep, SweepPlan, summary_start
 from contllm.lm import ContinuousLM
 from contllm.readout import PAPER_TRUTH, containing, truth_values
 from contllm.signal import Signal
@@ -54,8 +48,8 @@ class BooleanItem:
 
 
 @dataclass
-class BooleanConfig:
-    """Options of the Boolean interpolation experiment.
+class BooleanConfig(AlphaSweepConfig, prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, ("a", "op", "b"), ("op",))):
+    """Options of the Boolean interpolation experiment (and :class:`AlphaSweepConfig`'s).
 
     template: prompt with {a}, {op} and {b} fields; None picks the default.
     operators: the operators to pair (every unordered pair); None: all in the dataset.
@@ -66,19 +60,10 @@ class BooleanConfig:
         "1" or "tr"); the prompt stays the toolkit's.
     """
 
-    template: str | None = None
     operators: tuple[str, ...] | None = None
-    method: str = "linear"
-    low: float = 0.0
-    high: float = 1.0
-    samples: int | None = None
-    chat: bool = False
-    protocol: str = "contllm"
 
     def __post_init__(self) -> None:
-        self.samples = resolved_samples(self.samples, self.protocol, 21, 100)
-        check_alpha_sweep(self.low, self.high, self.samples, self.method)
-        check_template(self.resolved_template(), ("a", "op", "b"), required=("op",))
+        super().__post_init__()
         if self.operators is not None:
             self.operators = tuple(self.operators)
             table = load_boolean()
@@ -86,11 +71,6 @@ class BooleanConfig:
                 table.word(op)  # raises for an unknown operator, naming the known ones
             if len(set(o.upper() for o in self.operators)) < 2:
                 raise ExperimentError("give at least two different operators to interpolate between")
-
-    def resolved_template(self) -> str:
-        if self.template is not None:
-            return self.template
-        return CHAT_TEMPLATE if self.chat else DEFAULT_TEMPLATE
 
 
 def boolean_items(config: BooleanConfig, table: BooleanTable | None = None) -> list[BooleanItem]:
@@ -124,8 +104,7 @@ def plan_item(lm: ContinuousLM, item: BooleanItem, config: BooleanConfig) -> Swe
         signal = Signal.from_text(lm.tokenizer, rendered.text, add_special_tokens=not config.chat)
         ends.append((signal.embedded(embedding), rendered.spans["op"][0]))
     (sa, span_a), (sb, span_b) = ends
-    alphas = sweep_values(config.low, config.high, config.samples, include=None)
-    signals = [interpolate_spans(sa, span_a, sb, span_b, float(x), method=config.method) for x in alphas]  # type: ignore[arg-type]
+    alphas = config.alphas()
     meta = {
         "first": item.first,
         "second": item.second,
@@ -136,21 +115,20 @@ def plan_item(lm: ContinuousLM, item: BooleanItem, config: BooleanConfig) -> Swe
         "method": config.method,
         "tokens_first": len(sa),
         "tokens_second": len(sb),
-        **ends_provenance(lm.tokenizer, sa, span_a, sb, span_b),
     }
     sets = containing(lm.tokenizer, PAPER_TRUTH) if config.protocol == "paper" else truth_values(lm.tokenizer)
-    return SweepPlan(item.id, alphas, signals, sets, truth=None, meta=meta)
+    return interpolation_plan(lm, item.id, (sa, span_a, sb, span_b), alphas, config.method, sets, meta)
 
 
-class BooleanExperiment(SweepExperiment):
+class BooleanExperiment(AlphaSweepExperiment):
     name = "boolean"
-    metrics = (
-        Metric(
-            "accuracy_at_alpha_0", "higher", "truth-table accuracy (P(1) vs P(0)) of the first operator, at alpha 0"
-        ),
-        Metric("accuracy_at_alpha_1", "higher", "truth-table accuracy of the second operator, at alpha 1"),
-        Metric("mean_total_variation_p1", "lower", "total variation of P(1) over the alpha sweep, mean over items"),
-        Metric("mean_max_jump_p1", "lower", "largest change of P(1) between neighbouring alphas, mean over items"),
+    metrics = Metric.table(
+        """
+        accuracy_at_alpha_0      higher  truth-table accuracy (P(1) vs P(0)) of the first operator, at alpha 0
+        accuracy_at_alpha_1      higher  truth-table accuracy of the second operator, at alpha 1
+        mean_total_variation_p1  lower   total variation of P(1) over the alpha sweep, mean over items
+        mean_max_jump_p1         lower   largest change of P(1) between neighbouring alphas, mean over items
+        """
     )
     help = "A Boolean operator interpolated into another in embedding space; 0/1 and false/true read out."
     description = (
@@ -160,12 +138,10 @@ class BooleanExperiment(SweepExperiment):
     )
     Config = BooleanConfig
     options = (
-        *sweep_options("alpha (within 0,1)", "0,1", 21),
+        *alpha_options(21),
         Option("operators", "words", "Comma-separated operators to pair, e.g. AND,XOR. [default: all]"),
-        METHOD,
         PROTOCOL,
     )
-    x_label = "alpha"
 
     def items(self, config: BooleanConfig) -> Sequence[BooleanItem]:
         return boolean_items(config)
@@ -181,19 +157,10 @@ class BooleanExperiment(SweepExperiment):
         """Truth-table accuracy at alpha 0 and 1 (argmax of 0 vs 1); mean total variation and largest step of P(1)."""
         sweeps, out = summary_start(result)
 
-        def correct(s: Sweep, at: float, key: str) -> bool | None:
-            if not np.isclose(s.x, at).any():
-                return None
-            p = s.at(at)
-            return int(p[s.labels.index("1")] > p[s.labels.index("0")]) == int(s.meta[key])
+        def correct(s: Sweep, p: np.ndarray, truth: Any) -> bool:
+            return int(p[s.labels.index("1")] > p[s.labels.index("0")]) == int(truth)
 
-        for at, key, name in (
-            (0.0, "truth_first", "accuracy_at_alpha_0"),
-            (1.0, "truth_second", "accuracy_at_alpha_1"),
-        ):
-            marks = [correct(s, at, key) for s in sweeps]
-            if all(m is not None for m in marks):
-                out[name] = float(np.mean(marks))
+        out.update(end_accuracy(sweeps, ("truth_first", "truth_second"), correct))
         shapes = [metrics.smoothness(s.x, s.column("1")) for s in sweeps if len(s.x) > 1]
         if shapes:
             out["mean_total_variation_p1"] = float(np.mean([m.total_variation for m in shapes]))

@@ -12,18 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from contllm.data import COUNTING_SCHEMA, CountingItem, load_counting, read_counting
-from contllm.data.user import DataFileOption, data_option_help
-from contllm.experiments.options import Option
+from contllm.data.user import DataFileOption
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.sweeps import (
-    PROTOCOL,
-    CountingSweepExperiment,
-    DurationSweepConfig,
-    Sweep,
-    SweepPlan,
-    scaled_plan,
-    sweep_options,
-)
+from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, Sweep, SweepPlan, scaled_plan
 from contllm.lm import ContinuousLM
 
 #: Few-shot completions: fifteen short words, each repeated 2 to 6 times (every count three
@@ -63,13 +54,12 @@ FIELDS = ("words", "word", "article", "category")
 DATA_SCHEMA = COUNTING_SCHEMA
 
 
+#: The templates and their fields (see :class:`~contllm.experiments.sweeps.SweepConfig`).
+PROMPTS = (DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("words",))
+
+
 @dataclass
-class CountingConfig(
-    DurationSweepConfig,
-    DataFileOption,
-    prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("words",)),
-    paper=QUESTION_TEMPLATE,
-):
+class CountingConfig(DurationSweepConfig, DataFileOption, prompts=PROMPTS, paper=QUESTION_TEMPLATE):
     """Options of the counting experiment.
 
     template: prompt with a {words} field (the repeated word) and optionally {word},
@@ -119,11 +109,7 @@ class CountingExperiment(CountingSweepExperiment):
         "--data FILE reads the items from a JSON, JSONL or CSV file instead."
     )
     Config = CountingConfig
-    options = (
-        *sweep_options("the duration factor c", "0.1,1.0", 10),
-        Option("data", "str", data_option_help(DATA_SCHEMA)),
-        PROTOCOL,
-    )
+    options = CountingConfig.command_options(schema=DATA_SCHEMA)
 
     def items(self, config: CountingConfig) -> Sequence[CountingItem]:
         return config.counting_items()

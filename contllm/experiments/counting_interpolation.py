@@ -18,23 +18,19 @@ from typing import Any
 import numpy as np
 
 from contllm import metrics
-from contllm.errors import ExperimentError, SignalError
-from contllm.experiments.base import Metric
+from contllm.errors import ExperimentError
+from contllm.experiments.base import Metric, option_table
 from contllm.experiments.counting import QUESTION_TEMPLATE
-from contllm.experiments.options import METHOD, Option
+from contllm.experiments.interpolations import AlphaSweepExperiment, alpha_options, end_accuracy, interpolation_plan
 from contllm.experiments.prompts import check_template, render
 from contllm.experiments.sweeps import (
     ExperimentResult,
     Sweep,
-    SweepExperiment,
     SweepPlan,
     check_alpha_sweep,
-    ends_provenance,
     summary_start,
-    sweep_options,
     sweep_values,
 )
-from contllm.interpolate import interpolate_spans
 from contllm.readout import digits
 from contllm.signal import Signal
 
@@ -120,12 +116,7 @@ def plan_item(lm: Any, item: PairItem, config: CountingInterpolationConfig) -> S
         spans = rendered.spans["words"][kept:]
         signal = Signal.from_text(lm.tokenizer, rendered.text).embedded(lm.model.get_input_embeddings())
         ends.append((signal, (spans[0][0], spans[-1][1])))
-    (sa, span_a), (sb, span_b) = ends
     alphas = sweep_values(config.low, config.high, config.samples, include=None)
-    try:
-        signals = [interpolate_spans(sa, span_a, sb, span_b, float(x), method=config.method) for x in alphas]  # type: ignore[arg-type]
-    except SignalError as err:
-        raise ExperimentError(f"item {item.id}: {err}") from None
     first, second = item.counts
     meta = {
         "word": item.word,
@@ -136,9 +127,9 @@ def plan_item(lm: Any, item: PairItem, config: CountingInterpolationConfig) -> S
         "count_first": first,
         "count_second": second,
         "method": config.method,
-        **ends_provenance(lm.tokenizer, sa, span_a, sb, span_b),
     }
-    return SweepPlan(item.id, alphas, signals, digits(lm.tokenizer), truth=str(first), meta=meta)
+    pair = (*ends[0], *ends[1])
+    return interpolation_plan(lm, item.id, pair, alphas, config.method, digits(lm.tokenizer), meta, str(first))
 
 
 def other_tokens(sweep: Sweep) -> np.ndarray:
@@ -146,7 +137,7 @@ def other_tokens(sweep: Sweep) -> np.ndarray:
     return np.clip(1.0 - sweep.probs.sum(axis=1), 0.0, 1.0)
 
 
-class CountingInterpolationExperiment(SweepExperiment):
+class CountingInterpolationExperiment(AlphaSweepExperiment):
     name = "counting-interpolation"
     help = "Inside a counting question, words moved in embedding space into another word; digits read out."
     description = (
@@ -156,24 +147,22 @@ class CountingInterpolationExperiment(SweepExperiment):
     )
     Config = CountingInterpolationConfig
     options = (
-        *sweep_options("alpha (within 0,1)", "0,1", 21)[:3],
-        METHOD,
-        Option("n", "int", "Words in the sentence (2-9). [default: 4]"),
-        Option("moved", "int", "How many of the last occurrences move into the other word. [default: n - 1]"),
-    )
-    metrics = (
-        Metric("accuracy_at_alpha_0", "higher", "share of pairs whose most probable digit at alpha 0 is n"),
-        Metric(
-            "accuracy_at_alpha_1", "higher", "share of pairs whose most probable digit at alpha 1 is the count left"
+        *alpha_options(21, chat=False),
+        *option_table(
+            """
+            n      int  Words in the sentence (2-9). [default: 4]
+            moved  int  How many of the last occurrences move into the other word. [default: n - 1]
+            """
         ),
-        Metric(
-            "mean_spearman_implied_vs_alpha",
-            "lower",
-            "Spearman correlation of the implied count with alpha over the pairs whose count falls (-1: falls steadily)",
-        ),
-        Metric("mean_variation", "lower", "largest excursion of a digit's probability beyond its ends' range, mean"),
     )
-    x_label = "alpha"
+    metrics = Metric.table(
+        """
+        accuracy_at_alpha_0             higher  share of pairs whose most probable digit at alpha 0 is n
+        accuracy_at_alpha_1             higher  share of pairs whose most probable digit at alpha 1 is the count left
+        mean_spearman_implied_vs_alpha  lower   Spearman correlation of the implied count with alpha over the pairs whose count falls (-1: falls steadily)
+        mean_variation                  lower   largest excursion of a digit's probability beyond its ends' range, mean
+        """
+    )
     counts = True
 
     def items(self, config: CountingInterpolationConfig) -> Sequence[PairItem]:
@@ -189,15 +178,9 @@ class CountingInterpolationExperiment(SweepExperiment):
     def summary(self, result: ExperimentResult) -> dict[str, Any]:
         """Accuracy at both ends, the implied count's rank correlation with alpha, the variation of the digit curves."""
         sweeps, out = summary_start(result)
-        for at, key, name in (
-            (0.0, "count_first", "accuracy_at_alpha_0"),
-            (1.0, "count_second", "accuracy_at_alpha_1"),
-        ):
-            marks = [
-                s.labels[int(np.argmax(s.at(at)))] == str(s.meta[key]) for s in sweeps if np.isclose(s.x, at).any()
-            ]
-            if len(marks) == len(sweeps):
-                out[name] = float(np.mean(marks))
+        out.update(
+            end_accuracy(sweeps, ("count_first", "count_second"), lambda s, p, n: s.labels[int(np.argmax(p))] == str(n))
+        )
         falling = [s for s in sweeps if s.meta["count_second"] != s.meta["count_first"] and len(s.x) > 1]
         rhos = [metrics.spearman(s.x, s.implied_value()) for s in falling]
         out["mean_spearman_implied_vs_alpha"] = float(np.nanmean(rhos)) if rhos else float("nan")

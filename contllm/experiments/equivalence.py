@@ -21,9 +21,9 @@ import numpy as np
 from contllm import metrics
 from contllm.data import CountingItem, load_counting
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
+from contllm.experiments.base import Experiment, Metric, RunContext, Table, option_table
 from contllm.experiments.counting import CountingConfig, render_item
-from contllm.experiments.options import Option
+from contllm.experiments.records import IntArray, Record, RecordList, Records
 from contllm.experiments.sweeps import SweepPlan, run_plan, sweep_options, sweep_values
 from contllm.signal import Signal
 
@@ -76,45 +76,22 @@ class EquivalenceConfig(CountingConfig):
 
 
 @dataclass
-class Grid:
+class Grid(Record, what="equivalence record"):
     """One word's read-out over the grid: probabilities [M, D, K] of the labels for m copies of duration d."""
 
     item_id: str
-    copies: np.ndarray
+    copies: IntArray
     durations: np.ndarray
     labels: list[str]
     probs: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "item_id": self.item_id,
-            "copies": [int(m) for m in self.copies],
-            "durations": [float(d) for d in self.durations],
-            "labels": list(self.labels),
-            "probs": [[[float(p) for p in cell] for cell in row] for row in self.probs],
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Grid:
-        try:
-            grid = cls(
-                item_id=str(data["item_id"]),
-                copies=np.asarray(data["copies"], dtype=np.int64),
-                durations=np.asarray(data["durations"], dtype=np.float64),
-                labels=[str(v) for v in data["labels"]],
-                probs=np.asarray(data["probs"], dtype=np.float64),
-                meta=dict(data.get("meta") or {}),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ExperimentError(f"malformed equivalence record: {exc}") from None
-        if grid.probs.shape != (len(grid.copies), len(grid.durations), len(grid.labels)):
+    def check_loaded(self) -> None:
+        expected = (len(self.copies), len(self.durations), len(self.labels))
+        if self.probs.shape != expected:
             raise ExperimentError(
-                f"malformed equivalence record {grid.item_id}: probs shaped {grid.probs.shape}, "
-                f"expected {(len(grid.copies), len(grid.durations), len(grid.labels))}"
+                f"malformed equivalence record {self.item_id}: probs shaped {self.probs.shape}, expected {expected}"
             )
-        return grid
 
     def digits(self) -> np.ndarray:
         """The digit distribution [M, D, K], renormalised over the labels."""
@@ -211,8 +188,11 @@ MEASURES = (
 
 
 @dataclass
-class EquivalenceResult(Records[Grid], record=Grid, key="grids", one="grid"):
+class EquivalenceResult(Records[Grid], record=Grid):
     """Every word's grid from one run (``grids``), with the configuration that made it."""
+
+    grids = RecordList()
+    grid = Records.record
 
     def common(self) -> list[Grid]:
         """The grids on the most common (copies, durations) grid (a run uses one)."""
@@ -278,7 +258,7 @@ def run_grid(lm: Any, item: CountingItem, config: EquivalenceConfig, evaluate: A
     return Grid(item.id, copies, durations, sweep.labels, probs, sweep.meta)
 
 
-class EquivalenceExperiment(Experiment):
+class EquivalenceExperiment(Experiment[Grid, EquivalenceResult]):
     name = "equivalence"
     help = "A word repeated m times, each copy lasting d steps: is m copies of d read as m·d copies?"
     description = (
@@ -290,26 +270,29 @@ class EquivalenceExperiment(Experiment):
     Config = EquivalenceConfig
     options = (
         *sweep_options("the per-copy duration d", "0.25,3", 12),
-        Option("max_copies", "int", f"Copies m = 1..N of the word (N <= {MOST_COPIES}). [default: 6]"),
-        Option("per_category", "int", "Words per category of the counting dataset (1-10; 13 categories). [default: 1]"),
+        *option_table(
+            f"""
+            max_copies    int  Copies m = 1..N of the word (N <= {MOST_COPIES}). [default: 6]
+            per_category  int  Words per category of the counting dataset (1-10; 13 categories). [default: 1]
+            """
+        ),
     )
     engine = shardable = True
     unit = "word"
     result_type = EquivalenceResult
-    metrics = (
-        Metric("mean_spearman_product", "higher", "rank correlation of E[k] with m·d over the grid, mean over words"),
-        Metric("mean_mae_product", "lower", "mean |E[k] - m·d| over cells with m·d <= max copies, mean over words"),
-        Metric("mean_kl_product", "lower", "mean KL((m, d) || m·d plain copies) over integer cells, mean over words"),
+    metrics = Metric.table(
+        """
+        mean_spearman_product  higher  rank correlation of E[k] with m·d over the grid, mean over words
+        mean_mae_product       lower   mean |E[k] - m·d| over cells with m·d <= max copies, mean over words
+        mean_kl_product        lower   mean KL((m, d) || m·d plain copies) over integer cells, mean over words
+        """
     )
 
     def items(self, config: EquivalenceConfig) -> Sequence[CountingItem]:
         return select_words(load_counting(), config.per_category)
 
-    def run(
-        self, lm: Any, config: EquivalenceConfig, items: Sequence[CountingItem], context: RunContext
-    ) -> Iterator[tuple[str, Grid]]:
-        for item in items:
-            yield item.id, run_grid(lm, item, config, context.evaluate)
+    def run_item(self, lm: Any, config: EquivalenceConfig, item: CountingItem, context: RunContext) -> Grid:
+        return run_grid(lm, item, config, context.evaluate)
 
     def tables(self, result: EquivalenceResult) -> dict[str, Table]:
         per_item = [{"item": g.item_id, "word": g.meta.get("word", ""), **measures(g)} for g in result.grids]

@@ -11,19 +11,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from contllm.data import EVENTS_SCHEMA, EventItem, load_events, read_events
-from contllm.data.user import DataFileOption, data_option_help
+from contllm.data.user import DataFileOption
 from contllm.errors import ExperimentError
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.sweeps import (
-    PROTOCOL,
-    CountingSweepExperiment,
-    DurationSweepConfig,
-    Sweep,
-    SweepPlan,
-    scaled_plan,
-    sweep_options,
-)
+from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, Sweep, SweepPlan, scaled_plan
 from contllm.lm import ContinuousLM
 
 #: Worked examples (two stories, two tutorials; 2, 5, 3 and 6 events) in the item's own
@@ -64,8 +56,12 @@ FIELDS = ("events", "question", "answer_prefix")
 DATA_SCHEMA = EVENTS_SCHEMA
 
 
+#: The templates and their fields (see :class:`~contllm.experiments.sweeps.SweepConfig`).
+PROMPTS = (DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("events",))
+
+
 @dataclass
-class EventsConfig(DurationSweepConfig, DataFileOption, prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("events",))):
+class EventsConfig(DurationSweepConfig, DataFileOption, prompts=PROMPTS):
     """Options of the event-duration experiment.
 
     template: prompt with an {events} field (the passage, one span per event) and
@@ -141,15 +137,13 @@ class EventsExperiment(CountingSweepExperiment):
         "--data FILE reads the passages from a JSON, JSONL or CSV file instead."
     )
     Config = EventsConfig
-    options = (
-        *sweep_options("the duration factor c", "0.1,1.0", 10),
+    options = EventsConfig.command_options(
         Option(
             "event",
             "int",
             "Scale only this event (1-based; passages with fewer events are left out); 0 scales all. [default: 0]",
         ),
-        Option("data", "str", data_option_help(DATA_SCHEMA)),
-        PROTOCOL,
+        schema=DATA_SCHEMA,
     )
 
     def items(self, config: EventsConfig) -> Sequence[EventItem]:

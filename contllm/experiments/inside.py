@@ -17,10 +17,12 @@ import numpy as np
 import torch
 
 from contllm import registry
+from contllm.activations import run_with_cache
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment
+from contllm.experiments.base import Experiment, RecordT, ResultT
 from contllm.experiments.options import Option
 from contllm.experiments.sweeps import sweep_values
+from contllm.families import decoder_layers
 from contllm.signal import Signal
 
 DIGITS = np.arange(10, dtype=np.float64)
@@ -134,6 +136,14 @@ def prompt_of(lm: Any, item: Any, config: InsideConfig) -> Prompt:
     return Prompt(plan.signals[0], list(plan.edited), int(plan.truth), dict(plan.meta))
 
 
+def layer_cache(lm: Any, prompt: Prompt, factors: np.ndarray, hook: str) -> tuple[list[Signal], list[str], Any]:
+    """The prompt at each factor, the names ``blocks.{i}.{hook}`` of every layer and their activations at the read
+    position (:func:`contllm.activations.run_with_cache`)."""
+    signals = [prompt.at(c) for c in factors]
+    names = [f"blocks.{i}.{hook}" for i in range(len(decoder_layers(lm)))]
+    return signals, names, run_with_cache(lm, signals, names=names, positions="last")
+
+
 def digit_sets(lm: Any) -> Any:
     from contllm.readout import digits
 
@@ -155,7 +165,7 @@ def check_factors(values: Sequence[float], what: str) -> list[float]:
     return out
 
 
-class InsideExperiment(Experiment):
+class InsideExperiment(Experiment[RecordT, ResultT]):
     """What patching, lens and attention-mass share as experiments: counting items and figures by name.
 
     figure: the name of the function in :mod:`contllm.experiments.inside_figures` that draws
@@ -181,7 +191,7 @@ class InsideExperiment(Experiment):
         return getattr(inside_figures, self.figure)(result, records)
 
 
-class SweepInsideExperiment(InsideExperiment):
+class SweepInsideExperiment(InsideExperiment[RecordT, ResultT]):
     """An experiment inside the model along a duration sweep (lens, attention-mass)."""
 
     def report_columns(self, result: Any) -> dict[str, Any]:

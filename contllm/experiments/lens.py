@@ -10,7 +10,6 @@ depth the implied count starts to follow c is where duration has become count.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,23 +17,25 @@ import numpy as np
 import torch
 
 from contllm import metrics
-from contllm.activations import run_with_cache
 from contllm.engine import evaluation
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Metric, Records, RunContext, Table
+from contllm.experiments.base import Metric, RunContext, Table
 from contllm.experiments.inside import (
+    Prompt,
     SweepInsideConfig,
     SweepInsideExperiment,
     digit_sets,
     implied_counts,
+    layer_cache,
     prompt_of,
     sweep_inside_options,
 )
-from contllm.families import decoder_layers, final_norm
+from contllm.experiments.records import IntArray, ItemRecords, Record
+from contllm.families import final_norm
 
 
 @dataclass
-class LensRecord:
+class LensRecord(Record, what="lens record"):
     """One item's lens: factors [S]; counts, top [layers + 1, S] (E[k] and the most probable digit; the last
     row is the model's output); lens_max_dp: largest probability difference between the last layer's lens and
     the model's output (the lens's own check)."""
@@ -42,44 +43,17 @@ class LensRecord:
     item_id: str
     factors: np.ndarray
     counts: np.ndarray
-    top: np.ndarray
+    top: IntArray
     lens_max_dp: float
     truth: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "item_id": self.item_id,
-            "factors": self.factors.tolist(),
-            "counts": self.counts.tolist(),
-            "top": self.top.astype(int).tolist(),
-            "lens_max_dp": self.lens_max_dp,
-            "truth": self.truth,
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LensRecord:
-        try:
-            return cls(
-                str(data["item_id"]),
-                np.asarray(data["factors"], dtype=np.float64),
-                np.asarray(data["counts"], dtype=np.float64),
-                np.asarray(data["top"], dtype=np.int64),
-                float(data["lens_max_dp"]),
-                int(data.get("truth", 0)),
-                dict(data.get("meta") or {}),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ExperimentError(f"malformed lens record: {exc}") from None
 
     def spearman(self) -> np.ndarray:
         """Spearman correlation of each row's E[k] with the factor: [layers + 1]."""
         return np.array([metrics.spearman(self.factors, row) for row in self.counts])
 
 
-@dataclass
-class LensResult(Records[LensRecord], record=LensRecord, key="items", one="item"):
+class LensResult(ItemRecords[LensRecord], record=LensRecord):
     """Every item's lens from one run (``items``), with the configuration that made it."""
 
 
@@ -96,11 +70,8 @@ def unembed(lm: Any, hidden: torch.Tensor) -> torch.Tensor:
     return logits.cpu()
 
 
-def lens_item(lm: Any, item_id: str, prompt: Any, factors: np.ndarray, evaluate: Any) -> LensRecord:
-    signals = [prompt.at(c) for c in factors]
-    layers = len(decoder_layers(lm))
-    names = [f"blocks.{i}.hook_resid_post" for i in range(layers)]
-    cache = run_with_cache(lm, signals, names=names, positions="last")
+def lens_item(lm: Any, item_id: str, prompt: Prompt, factors: np.ndarray, evaluate: Any) -> LensRecord:
+    signals, names, cache = layer_cache(lm, prompt, factors, "hook_resid_post")
     sets = digit_sets(lm)
     stacked = torch.stack([cache[name][:, 0] for name in names])  # [layers, S, hidden]
     lens_logits = unembed(lm, stacked)
@@ -115,7 +86,7 @@ def lens_item(lm: Any, item_id: str, prompt: Any, factors: np.ndarray, evaluate:
     )
 
 
-class LensExperiment(SweepInsideExperiment):
+class LensExperiment(SweepInsideExperiment[LensRecord, LensResult]):
     name = "lens"
     help = "Logit lens of the count: E[k] and the top digit at every layer along a duration sweep."
     description = (
@@ -127,25 +98,16 @@ class LensExperiment(SweepInsideExperiment):
     options = sweep_inside_options(2)
     figure = "lens_figure"
     result_type = LensResult
-    metrics = (
-        Metric("output_spearman", "higher", "Spearman correlation of the output E[k] with c, mean over items"),
-        Metric(
-            "first_following_layer",
-            "lower",
-            "first layer whose lens E[k] follows c: mean Spearman correlation 0.8 or more, and a range over the sweep at least half the output's",
-        ),
-        Metric(
-            "lens_max_dp",
-            "lower",
-            "largest probability difference between the last layer's lens and the model's output",
-        ),
+    metrics = Metric.table(
+        """
+        output_spearman        higher  Spearman correlation of the output E[k] with c, mean over items
+        first_following_layer  lower   first layer whose lens E[k] follows c: mean Spearman correlation 0.8 or more, and a range over the sweep at least half the output's
+        lens_max_dp            lower   largest probability difference between the last layer's lens and the model's output
+        """
     )
 
-    def run(
-        self, lm: Any, config: SweepInsideConfig, items: Sequence[Any], context: RunContext
-    ) -> Iterator[tuple[str, LensRecord]]:
-        for item in items:
-            yield item.id, lens_item(lm, item.id, prompt_of(lm, item, config), config.factors(), context.evaluate)
+    def run_item(self, lm: Any, config: SweepInsideConfig, item: Any, context: RunContext) -> LensRecord:
+        return lens_item(lm, item.id, prompt_of(lm, item, config), config.factors(), context.evaluate)
 
     def tables(self, result: LensResult) -> dict[str, Table]:
         rows = [

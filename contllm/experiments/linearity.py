@@ -30,8 +30,9 @@ import torch
 from contllm.errors import ExperimentError, SignalError
 from contllm.experiments import boolean as boolean_exp
 from contllm.experiments import word_interpolation as word_exp
-from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
+from contllm.experiments.base import Experiment, Metric, RunContext, Table, option_table
 from contllm.experiments.options import METHOD, Option
+from contllm.experiments.records import Record, RecordList, Records
 from contllm.experiments.sweeps import MAX_SAMPLES, check_method
 from contllm.interpolate import interpolate_spans, mix
 from contllm.signal import Signal
@@ -148,7 +149,7 @@ def linearity_items(config: LinearityConfig) -> list[LinearityItem]:
 
 
 @dataclass
-class ReadoutPath:
+class ReadoutPath(Record, what="linearity record"):
     """One item's read-out along the real path and the baseline path: probabilities [S, K] of the labels."""
 
     item_id: str
@@ -159,35 +160,10 @@ class ReadoutPath:
     baseline: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "item_id": self.item_id,
-            "source": self.source,
-            "alphas": [float(a) for a in self.alphas],
-            "labels": list(self.labels),
-            "real": [[float(p) for p in row] for row in self.real],
-            "baseline": [[float(p) for p in row] for row in self.baseline],
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ReadoutPath:
-        try:
-            path = cls(
-                str(data["item_id"]),
-                str(data["source"]),
-                np.asarray(data["alphas"], dtype=np.float64),
-                [str(v) for v in data["labels"]],
-                np.asarray(data["real"], dtype=np.float64),
-                np.asarray(data["baseline"], dtype=np.float64),
-                dict(data.get("meta") or {}),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ExperimentError(f"malformed linearity record: {exc}") from None
-        shape = (len(path.alphas), len(path.labels))
-        if path.real.shape != shape or path.baseline.shape != shape:
-            raise ExperimentError(f"malformed linearity record {path.item_id}: probabilities not shaped {shape}")
-        return path
+    def check_loaded(self) -> None:
+        shape = (len(self.alphas), len(self.labels))
+        if self.real.shape != shape or self.baseline.shape != shape:
+            raise ExperimentError(f"malformed linearity record {self.item_id}: probabilities not shaped {shape}")
 
 
 def chord(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -316,8 +292,11 @@ def run_path(lm: Any, item: LinearityItem, config: LinearityConfig, evaluate: An
 
 
 @dataclass
-class LinearityResult(Records[ReadoutPath], record=ReadoutPath, key="paths", one="path"):
+class LinearityResult(Records[ReadoutPath], record=ReadoutPath):
     """Every item's paths from one run (``paths``), with the configuration that made it."""
+
+    paths = RecordList()
+    path = Records.record
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Tidy rows: one per item, path, alpha and label."""
@@ -351,7 +330,7 @@ def summarize_paths(paths: Sequence[ReadoutPath]) -> dict[str, Any]:
     return out
 
 
-class LinearityExperiment(Experiment):
+class LinearityExperiment(Experiment[ReadoutPath, LinearityResult]):
     name = "linearity"
     help = "How far interpolation sweeps' read-outs are from the chord between their ends, against a random direction."
     description = (
@@ -365,22 +344,22 @@ class LinearityExperiment(Experiment):
     options = (
         Option("samples", "int", "Values of alpha over 0..1 (at least 3). [default: 11]"),
         METHOD,
-        Option("per_source", "int", "Items from each source, spread over it; 0 takes all. [default: 6]"),
-        Option("sources", "words", "Comma-separated sources among interpolation,boolean,prompt. [default: all]"),
-        Option("top", "int", "Top tokens read at each end of a whole-prompt path. [default: 5]"),
+        *option_table(
+            """
+            per_source  int    Items from each source, spread over it; 0 takes all. [default: 6]
+            sources     words  Comma-separated sources among interpolation,boolean,prompt. [default: all]
+            top         int    Top tokens read at each end of a whole-prompt path. [default: 5]
+            """
+        ),
     )
     engine = shardable = True
     unit = "path"
-    metrics = (
-        Metric(
-            "all_mean_max_deviation",
-            "lower",
-            "largest |p(alpha) - chord| over the read-out on the real path, mean over items",
-        ),
-        Metric("all_mean_r2", "higher", "R² of the chord against the real path's read-out, mean over items"),
-        Metric(
-            "all_mean_max_logit_deviation", "lower", "largest |centred logit - chord| on the real path, mean over items"
-        ),
+    metrics = Metric.table(
+        """
+        all_mean_max_deviation        lower   largest |p(alpha) - chord| over the read-out on the real path, mean over items
+        all_mean_r2                   higher  R² of the chord against the real path's read-out, mean over items
+        all_mean_max_logit_deviation  lower   largest |centred logit - chord| on the real path, mean over items
+        """
     )
     result_type = LinearityResult
 

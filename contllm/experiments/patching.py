@@ -20,7 +20,7 @@ give the plain run's output).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ import torch
 from contllm.activations import Patch, patch, recording
 from contllm.engine import evaluation
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Metric, Records, RunContext, Table
+from contllm.experiments.base import Metric, RunContext, Table, option_table
 from contllm.experiments.inside import (
     InsideConfig,
     InsideExperiment,
@@ -40,7 +40,7 @@ from contllm.experiments.inside import (
     inside_options,
     prompt_of,
 )
-from contllm.experiments.options import Option
+from contllm.experiments.records import ItemRecords, Record
 from contllm.families import decoder_layers, head_counts
 from contllm.prefix import SharedPrefix, slice_signal
 from contllm.signal import Signal, pad_signals
@@ -67,7 +67,7 @@ class PatchingConfig(InsideConfig):
 
 
 @dataclass
-class PatchRecord:
+class PatchRecord(Record, what="patching record"):
     """One item's patching.
 
     positions: the token indices patched (first scaled token to the read position);
@@ -94,49 +94,8 @@ class PatchRecord:
     truth: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "item_id": self.item_id,
-            "factor": self.factor,
-            "positions": list(self.positions),
-            "tokens": list(self.tokens),
-            "plain": self.plain,
-            "scaled": self.scaled,
-            "plain_probs": list(self.plain_probs),
-            "scaled_probs": list(self.scaled_probs),
-            "resid": self.resid.tolist(),
-            "heads": self.heads.tolist(),
-            "self_max_dp": self.self_max_dp,
-            "last_layer_max_dp": self.last_layer_max_dp,
-            "truth": self.truth,
-            "meta": self.meta,
-        }
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PatchRecord:
-        try:
-            return cls(
-                item_id=str(data["item_id"]),
-                factor=float(data["factor"]),
-                positions=[int(p) for p in data["positions"]],
-                tokens=[str(t) for t in data["tokens"]],
-                plain=float(data["plain"]),
-                scaled=float(data["scaled"]),
-                plain_probs=[float(p) for p in data["plain_probs"]],
-                scaled_probs=[float(p) for p in data["scaled_probs"]],
-                resid=np.asarray(data["resid"], dtype=np.float64),
-                heads=np.asarray(data["heads"], dtype=np.float64),
-                self_max_dp=float(data["self_max_dp"]),
-                last_layer_max_dp=float(data["last_layer_max_dp"]),
-                truth=int(data.get("truth", 0)),
-                meta=dict(data.get("meta") or {}),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ExperimentError(f"malformed patching record: {exc}") from None
-
-
-@dataclass
-class PatchingResult(Records[PatchRecord], record=PatchRecord, key="items", one="item"):
+class PatchingResult(ItemRecords[PatchRecord], record=PatchRecord):
     """Every item's patching from one run (``items``), with the configuration that made it."""
 
 
@@ -241,7 +200,7 @@ def patch_item(lm: Any, item_id: str, prompt: Prompt, factor: float, *, heads: b
     )
 
 
-class PatchingExperiment(InsideExperiment):
+class PatchingExperiment(InsideExperiment[PatchRecord, PatchingResult]):
     name = "patching"
     help = "Activation patching between a word at duration c and at 1: which layer, position and head carry the count."
     description = (
@@ -253,37 +212,28 @@ class PatchingExperiment(InsideExperiment):
     )
     Config = PatchingConfig
     options = (
-        Option("factor", "float", "Duration factor c of the scaled run. [default: 0.5]"),
-        Option("heads", "bool", "Also patch each attention head's output.", flag="--heads/--no-heads"),
+        *option_table(
+            """
+            factor  float                      Duration factor c of the scaled run. [default: 0.5]
+            heads   bool   --heads/--no-heads  Also patch each attention head's output.
+            """
+        ),
         *inside_options(2),
     )
     figure = "patching_figure"
     result_type = PatchingResult
-    metrics = (
-        Metric(
-            "self_patch_max_dp",
-            "lower",
-            "largest probability change from patching a run with its own activations (0 expected)",
-        ),
-        Metric(
-            "last_layer_max_dp",
-            "lower",
-            "largest difference to the plain run after patching its last-layer residual (0 expected)",
-        ),
-        Metric("mean_change", "higher", "E[k] at c = 1 minus E[k] at c, mean over items: the effect being located"),
-        Metric(
-            "last_position_layer",
-            "lower",
-            "first layer whose residual at the read position restores half of the change (mean over items)",
-        ),
-        Metric("max_head_share", "higher", "largest restored share of a single attention head (mean over items)"),
+    metrics = Metric.table(
+        """
+        self_patch_max_dp    lower   largest probability change from patching a run with its own activations (0 expected)
+        last_layer_max_dp    lower   largest difference to the plain run after patching its last-layer residual (0 expected)
+        mean_change          higher  E[k] at c = 1 minus E[k] at c, mean over items: the effect being located
+        last_position_layer  lower   first layer whose residual at the read position restores half of the change (mean over items)
+        max_head_share       higher  largest restored share of a single attention head (mean over items)
+        """
     )
 
-    def run(
-        self, lm: Any, config: PatchingConfig, items: Sequence[Any], context: RunContext
-    ) -> Iterator[tuple[str, PatchRecord]]:
-        for item in items:
-            yield item.id, patch_item(lm, item.id, prompt_of(lm, item, config), config.factor, heads=config.heads)
+    def run_item(self, lm: Any, config: PatchingConfig, item: Any, context: RunContext) -> PatchRecord:
+        return patch_item(lm, item.id, prompt_of(lm, item, config), config.factor, heads=config.heads)
 
     def tables(self, result: PatchingResult) -> dict[str, Table]:
         rows = [

@@ -28,13 +28,13 @@ import torch
 
 from contllm import metrics
 from contllm.data.paper import SUMS_FIELDS, sums_rows
-from contllm.data.user import DataFileOption, Row, data_option_help, read_items
+from contllm.data.user import DataFileOption, Row, read_items
 from contllm.errors import ExperimentError
 from contllm.experiments import figures
-from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
-from contllm.experiments.options import Option
+from contllm.experiments.base import Experiment, Metric, RunContext, Table
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.sweeps import PROTOCOL, DurationSweepConfig, provenance, sweep_options, sweep_values
+from contllm.experiments.records import Record, Records
+from contllm.experiments.sweeps import DurationSweepConfig, provenance, sweep_values
 from contllm.signal import Signal
 
 #: Worked examples: the problem, then its sum written out. Small models write the right sum
@@ -136,13 +136,12 @@ def load_sums() -> list[SumItem]:
     return read_sums(builtin_path("sums.json"))
 
 
+#: The templates and their fields (see :class:`~contllm.experiments.sweeps.SweepConfig`).
+PROMPTS = (DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("problem",))
+
+
 @dataclass
-class SumsConfig(
-    DurationSweepConfig,
-    DataFileOption,
-    prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, FIELDS, ("problem",)),
-    paper=PAPER_TEMPLATE,
-):
+class SumsConfig(DurationSweepConfig, DataFileOption, prompts=PROMPTS, paper=PAPER_TEMPLATE):
     """Options of the sums experiment.
 
     template: the prompt, with a {problem} field and optionally {first} and {second}
@@ -182,7 +181,7 @@ def render_item(lm: Any, item: SumItem, config: SumsConfig) -> Rendered:
 
 
 @dataclass
-class SumRecord:
+class SumRecord(Record, what="sums record"):
     """One problem over the factors x [S]: the digit distributions of each greedy step and the answers.
 
     steps[k][i]: the probabilities [10] of the digits (labels) at step k for factor x[i],
@@ -200,44 +199,15 @@ class SumRecord:
     other: int
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "item_id": self.item_id,
-            "x": [float(v) for v in self.x],
-            "labels": list(self.labels),
-            "steps": self.steps,
-            "answers": list(self.answers),
-            "truth": self.truth,
-            "scaled": self.scaled,
-            "other": self.other,
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SumRecord:
-        try:
-            record = cls(
-                str(data["item_id"]),
-                np.asarray(data["x"], dtype=np.float64),
-                [str(v) for v in data["labels"]],
-                [[None if row is None else [float(p) for p in row] for row in step] for step in data["steps"]],
-                [str(a) for a in data["answers"]],
-                int(data["truth"]),
-                int(data["scaled"]),
-                int(data["other"]),
-                dict(data.get("meta") or {}),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ExperimentError(f"malformed sums record: {exc}") from None
-        size = len(record.x)
+    def check_loaded(self) -> None:
+        size = len(self.x)
         if (
-            not record.steps
-            or len(record.answers) != size
-            or any(len(step) != size for step in record.steps)
-            or not all(a.isdigit() for a in record.answers)
+            not self.steps
+            or len(self.answers) != size
+            or any(len(step) != size for step in self.steps)
+            or not all(a.isdigit() for a in self.answers)
         ):
-            raise ExperimentError(f"malformed sums record {record.item_id}: steps and answers must cover every factor")
-        return record
+            raise ExperimentError(f"malformed sums record {self.item_id}: steps and answers must cover every factor")
 
     def first_digit(self) -> np.ndarray:
         """The digit probabilities [S, 10] of the answer's first digit."""
@@ -395,7 +365,7 @@ def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRe
     return SumRecord(item.id, x, list(sets.labels), steps, answers, item.truth, a, b, meta)
 
 
-class SumsExperiment(Experiment):
+class SumsExperiment(Experiment[SumRecord, SumsResult]):
     name = "sums"
     help = "Word problems adding two numbers, one number's duration scaled by a factor; the answer read digit by digit."
     description = (
@@ -406,42 +376,27 @@ class SumsExperiment(Experiment):
         "from a JSON, JSONL or CSV file instead."
     )
     Config = SumsConfig
-    options = (
-        *sweep_options("the duration factor c", "0.1,1.5", 8),
-        Option("data", "str", data_option_help(DATA_SCHEMA)),
-        PROTOCOL,
-    )
+    options = SumsConfig.command_options(schema=DATA_SCHEMA)
     engine = shardable = True
     unit = "problem"
     result_type = SumsResult
-    metrics = (
-        Metric("accuracy_at_1", "higher", "share of problems whose greedy answer at factor 1 is the true sum"),
-        Metric(
-            "mean_spearman", "higher", "Spearman correlation of the implied sum with the factor, mean over problems"
-        ),
-        Metric("mean_mae_line", "lower", "mean |implied sum - (a·c + b)| over the factors, mean over problems"),
-        Metric("valid_rate", "higher", "share of problems whose greedy answer at factor 1 is the true sum"),
-        Metric(
-            "successful_rate", "higher", "share of valid problems answered below the true sum at the smallest factor"
-        ),
-        Metric(
-            "strongly_successful_rate",
-            "higher",
-            "share of valid problems successful with an answer that never grows as c shrinks",
-        ),
-        Metric(
-            "completely_successful_rate", "higher", "share of valid problems answered b alone at the smallest factor"
-        ),
+    metrics = Metric.table(
+        """
+        accuracy_at_1               higher  share of problems whose greedy answer at factor 1 is the true sum
+        mean_spearman               higher  Spearman correlation of the implied sum with the factor, mean over problems
+        mean_mae_line               lower   mean |implied sum - (a·c + b)| over the factors, mean over problems
+        valid_rate                  higher  share of problems whose greedy answer at factor 1 is the true sum
+        successful_rate             higher  share of valid problems answered below the true sum at the smallest factor
+        strongly_successful_rate    higher  share of valid problems successful with an answer that never grows as c shrinks
+        completely_successful_rate  higher  share of valid problems answered b alone at the smallest factor
+        """
     )
 
     def items(self, config: SumsConfig) -> Sequence[SumItem]:
         return load_sums() if config.data is None else read_sums(config.data)
 
-    def run(
-        self, lm: Any, config: SumsConfig, items: Sequence[SumItem], context: RunContext
-    ) -> Iterator[tuple[str, SumRecord]]:
-        for item in items:
-            yield item.id, run_item(lm, item, config, context.evaluate)
+    def run_item(self, lm: Any, config: SumsConfig, item: SumItem, context: RunContext) -> SumRecord:
+        return run_item(lm, item, config, context.evaluate)
 
     def tables(self, result: SumsResult) -> dict[str, Table]:
         def per_factor() -> Iterator[dict[str, Any]]:

@@ -19,8 +19,9 @@ import torch
 
 from contllm import metrics
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
+from contllm.experiments.base import Experiment, Metric, RunContext, Table
 from contllm.experiments.options import Option
+from contllm.experiments.records import Record, RecordList, Records
 from contllm.readout import TokenSets
 from contllm.signal import Signal
 
@@ -94,14 +95,15 @@ def check_alpha_sweep(low: float, high: float, samples: int | None, method: str)
 
 
 @dataclass
-class DurationSweepConfig:
-    """Options shared by the experiments that scale durations (counting, events).
+class SweepConfig:
+    """Options every sweep of a prompt takes; a subclass checks its knob (:meth:`check_knob`).
 
-    template: the prompt (None: the experiment's default, or its chat default with chat).
-    low, high, samples: the duration factors, evenly spaced (1.0 added when inside); samples
-        None: the protocol's number (:attr:`SAMPLES`, or :attr:`PAPER_SAMPLES` for the paper's).
+    template: the prompt (None: the experiment's default, its chat default with chat, or
+        the paper's with protocol "paper" where the experiment has one).
+    low, high, samples: the knob's values, evenly spaced; samples None: the protocol's
+        number (:attr:`SAMPLES`, or :attr:`PAPER_SAMPLES` for the paper's).
     chat: wrap the prompt in the model's chat template (instruct models).
-    protocol: "contllm" or "paper" (:data:`PROTOCOLS`): the paper's template and density.
+    protocol: "contllm" or "paper" (:data:`PROTOCOLS`).
     """
 
     DEFAULT_TEMPLATE: ClassVar[str] = ""
@@ -137,10 +139,11 @@ class DurationSweepConfig:
         from contllm.experiments.prompts import check_template
 
         self.samples = resolved_samples(self.samples, self.protocol, self.SAMPLES, self.PAPER_SAMPLES)
-        if self.low <= 0:
-            raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
-        sweep_values(self.low, self.high, self.samples)
+        self.check_knob()
         check_template(self.resolved_template(), self.FIELDS, required=self.REQUIRED)
+
+    def check_knob(self) -> None:
+        """ExperimentError unless low, high and samples make a sweep of the knob."""
 
     def resolved_template(self) -> str:
         if self.template is not None:
@@ -148,6 +151,27 @@ class DurationSweepConfig:
         if self.protocol == "paper" and self.PAPER_TEMPLATE:
             return self.PAPER_TEMPLATE
         return self.CHAT_TEMPLATE if self.chat else self.DEFAULT_TEMPLATE
+
+
+@dataclass
+class DurationSweepConfig(SweepConfig):
+    """Options shared by the experiments that scale durations (counting, events, sums, ...): a
+    :class:`SweepConfig` whose knob is the duration factor (positive; 1.0 added when inside the range)."""
+
+    def check_knob(self) -> None:
+        if self.low <= 0:
+            raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
+        sweep_values(self.low, self.high, self.samples)
+
+    @classmethod
+    def command_options(cls, *own: Option, schema: str | None = None) -> tuple[Option, ...]:
+        """The options of an experiment over a dataset that takes this config: --range and --samples of the duration
+        factor (the config's defaults), --template, --chat, ``own``, --data (rows as ``schema`` says; without a
+        schema, no --data) and --protocol."""
+        from contllm.data.user import data_option_help
+
+        data = () if schema is None else (Option("data", "str", data_option_help(schema)),)
+        return (*sweep_options("the duration factor c", f"{cls.low},{cls.high}", cls.SAMPLES), *own, *data, PROTOCOL)
 
 
 def sweep_options(knob: str, default_range: str, default_samples: int) -> tuple[Option, ...]:
@@ -238,7 +262,7 @@ class SweepPlan:
 
 
 @dataclass
-class Sweep:
+class Sweep(Record, what="sweep record"):
     """One item's curves: probabilities [S, K] of the labels over the knob's values x [S]."""
 
     item_id: str
@@ -247,30 +271,6 @@ class Sweep:
     probs: np.ndarray
     truth: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "item_id": self.item_id,
-            "x": [float(v) for v in self.x],
-            "labels": list(self.labels),
-            "probs": [[float(p) for p in row] for row in self.probs],
-            "truth": self.truth,
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Sweep:
-        try:
-            return cls(
-                item_id=str(data["item_id"]),
-                x=np.asarray(data["x"], dtype=np.float64),
-                labels=[str(v) for v in data["labels"]],
-                probs=np.asarray(data["probs"], dtype=np.float64),
-                truth=data.get("truth"),
-                meta=dict(data.get("meta") or {}),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ExperimentError(f"malformed sweep record: {exc}") from None
 
     def column(self, label: str) -> np.ndarray:
         """The probability curve [S] of one label."""
@@ -305,8 +305,11 @@ def _is_number(text: str) -> bool:
 
 
 @dataclass
-class ExperimentResult(Records[Sweep], record=Sweep, key="sweeps", one="sweep"):
+class ExperimentResult(Records[Sweep], record=Sweep):
     """Every sweep of one sweep experiment on one model (``sweeps``), with the configuration that made it."""
+
+    sweeps = RecordList()
+    sweep = Records.record
 
     x_label: str = "factor"
 
@@ -362,7 +365,7 @@ def run_plans(plans: Sequence[SweepPlan], evaluate: Evaluator) -> Iterator[Sweep
         yield Sweep(plan.item_id, plan.x, list(plan.token_sets.labels), gathered, plan.truth, dict(plan.meta))
 
 
-class SweepExperiment(Experiment):
+class SweepExperiment(Experiment[Sweep, ExperimentResult]):
     """An experiment whose items each become one sweep of the knob (counting, events, boolean).
 
     Subclasses set the :class:`Experiment` attributes and ``x_label``, and implement
@@ -418,30 +421,18 @@ class CountingSweepExperiment(SweepExperiment):
     """A sweep experiment that reads out a count over the digits 0-9 (counting, events)."""
 
     counts: ClassVar[bool] = True
-    metrics = (
-        Metric("accuracy_at_1", "higher", "share of items whose most probable digit at factor 1 is the true count"),
-        Metric(
-            "mean_spearman_implied_vs_factor",
-            "higher",
-            "Spearman correlation of the implied count E[k] with the factor, mean over items",
-        ),
-        Metric(
-            "auc_observed_time_sensitivity",
-            "higher",
-            "area over h of the share of counts 1..n reaching probability h somewhere on the sweep",
-        ),
-        Metric("auc_counterfactual_time_sensitivity", "higher", "the same, read only at factor 1"),
-        Metric(
-            "argmax_coverage",
-            "higher",
-            "share of counts 1..n that are the most probable digit at some factor (the pure peak rate)",
-        ),
-        Metric("auc_iou", "higher", "area over h of the IoU of the digits reaching h on the sweep with {1..n}"),
-        Metric("unpure_peak_rate", "higher", "share of counts 1..n whose probability has a local maximum on the sweep"),
-        Metric(
-            "pure_peak_gain", "higher", "argmax_coverage minus the mean of 1/n (what a sweep showing one count reaches)"
-        ),
-        Metric("unpure_peak_gain", "higher", "unpure_peak_rate minus the mean of 1/n"),
+    metrics = Metric.table(
+        """
+        accuracy_at_1                        higher  share of items whose most probable digit at factor 1 is the true count
+        mean_spearman_implied_vs_factor      higher  Spearman correlation of the implied count E[k] with the factor, mean over items
+        auc_observed_time_sensitivity        higher  area over h of the share of counts 1..n reaching probability h somewhere on the sweep
+        auc_counterfactual_time_sensitivity  higher  the same, read only at factor 1
+        argmax_coverage                      higher  share of counts 1..n that are the most probable digit at some factor (the pure peak rate)
+        auc_iou                              higher  area over h of the IoU of the digits reaching h on the sweep with {1..n}
+        unpure_peak_rate                     higher  share of counts 1..n whose probability has a local maximum on the sweep
+        pure_peak_gain                       higher  argmax_coverage minus the mean of 1/n (what a sweep showing one count reaches)
+        unpure_peak_gain                     higher  unpure_peak_rate minus the mean of 1/n
+        """
     )
 
     def summary(self, result: ExperimentResult) -> dict[str, Any]:

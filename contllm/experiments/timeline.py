@@ -23,6 +23,7 @@ import numpy as np
 
 from contllm.data.user import DataFileOption, data_option_help
 from contllm.errors import ExperimentError
+from contllm.experiments.base import option_table
 from contllm.experiments.options import Option
 from contllm.experiments.sweeps import sweep_values
 from contllm.experiments.tracking import (
@@ -127,18 +128,17 @@ def _check_table(lm: Any, items: Sequence[PromptItem], latest: float, earliest: 
             raise ExperimentError(f"{what}: item {item.id} reaches beyond the {rows} rows of the position table")
 
 
-def timeline_options(range_help: str, samples_help: str) -> tuple[Option, ...]:
-    """The options of scaling and translation: the knob's range and samples, the threshold, --data."""
-    return (
-        Option("range", "range", range_help),
-        Option("samples", "int", samples_help),
-        Option(
-            "threshold",
-            "float",
-            f"Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]",
-        ),
-        Option("data", "str", data_option_help(PROMPT_ROWS)),
+def timeline_options(knob: str, what: str, default_range: str, reference: str, samples: int) -> tuple[Option, ...]:
+    """The options of scaling and translation: the range of ``knob`` (``what``, e.g. "the scale s (> 0)") and its
+    values per prompt (``reference``, the plain prompt's value, added inside the range), the threshold, --data."""
+    table = option_table(
+        f"""
+        range      range  MIN,MAX of {what}. [default: {default_range}]
+        samples    int    Values of {knob} per prompt ({reference} is added when inside the range). [default: {samples}]
+        threshold  float  Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]
+        """
     )
+    return (*table, Option("data", "str", data_option_help(PROMPT_ROWS)))
 
 
 class TimelineExperiment(TrackingExperiment):
@@ -175,10 +175,7 @@ class ScalingExperiment(TimelineExperiment):
         "of the tokens dataset (ids such as capital-france), or --data."
     )
     Config = ScalingConfig
-    options = timeline_options(
-        "MIN,MAX of the scale s (> 0). [default: 0.01,1.5]",
-        "Values of s per prompt (1.0 is added when inside the range). [default: 30]",
-    )
+    options = timeline_options("s", "the scale s (> 0)", "0.01,1.5", "1.0", 30)
 
     knob, reference, move = "s", 1.0, staticmethod(scaled)
 
@@ -223,10 +220,7 @@ class TranslationExperiment(TimelineExperiment):
     )
     Config = TranslationConfig
     distance = "max_dp"
-    options = timeline_options(
-        "MIN,MAX of the shift tau (must hold 0). [default: 0,10]",
-        "Values of tau per prompt (0 is added when inside the range). [default: 21]",
-    )
+    options = timeline_options("tau", "the shift tau (must hold 0)", "0,10", "0", 21)
 
     knob, reference, move = "tau", 0.0, staticmethod(translated)
 

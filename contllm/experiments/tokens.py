@@ -17,6 +17,7 @@ import numpy as np
 
 from contllm.data.user import DataFileOption, data_option_help
 from contllm.errors import ContllmError, ExperimentError
+from contllm.experiments.base import option_table
 from contllm.experiments.options import METHOD, Option, parse_floats
 from contllm.experiments.sweeps import check_alpha_sweep, sweep_values
 from contllm.experiments.tracking import (
@@ -111,17 +112,13 @@ class TokensExperiment(TrackingExperiment):
     )
     Config = TokensConfig
     options = (
-        Option("range", "range", "MIN,MAX of alpha (within 0,1) for interpolated words. [default: 0,1]"),
-        Option(
-            "factors",
-            "floats",
-            "MIN,MAX of the duration factor of scaled spans (1.0 added when inside). [default: 0,2]",
-        ),
-        Option("samples", "int", "Values of alpha (or of the factor) per item. [default: 21]"),
-        Option(
-            "threshold",
-            "float",
-            f"Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]",
+        *option_table(
+            f"""
+            range      range   MIN,MAX of alpha (within 0,1) for interpolated words. [default: 0,1]
+            factors    floats  MIN,MAX of the duration factor of scaled spans (1.0 added when inside). [default: 0,2]
+            samples    int     Values of alpha (or of the factor) per item. [default: 21]
+            threshold  float   Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]
+            """
         ),
         METHOD,
         Option("data", "str", data_option_help(ROWS)),

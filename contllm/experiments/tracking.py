@@ -27,7 +27,8 @@ import torch
 
 from contllm.data.user import Row, read_rows, unique_ids
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
+from contllm.experiments.base import Experiment, Metric, RunContext, Table
+from contllm.experiments.records import Record, RecordList, Records
 from contllm.signal import Signal
 
 DEFAULT_THRESHOLD = 0.05
@@ -98,7 +99,7 @@ def load_items(data: str | None, *, edits: bool) -> list[PromptItem]:
 
 # ---------------------------------------------------------------------------- records
 @dataclass
-class Track:
+class Track(Record, what="tracking record"):
     """One item's sweep, reduced to the tokens that mattered.
 
     x: the knob's values [S] (named ``knob``); token_ids / labels: the tracked tokens
@@ -125,51 +126,11 @@ class Track:
     step_tv: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        floats = lambda v: None if v is None else [float(a) for a in v]  # noqa: E731
-        return {
-            "item_id": self.item_id,
-            "knob": self.knob,
-            "x": floats(self.x),
-            "token_ids": list(self.token_ids),
-            "labels": list(self.labels),
-            "probs": [floats(row) for row in self.probs],
-            "top_ids": list(self.top_ids),
-            "top_labels": list(self.top_labels),
-            "top_probs": floats(self.top_probs),
-            "reference": self.reference,
-            "tv": floats(self.tv),
-            "max_dp": floats(self.max_dp),
-            "step_tv": floats(self.step_tv),
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Track:
-        arr = lambda v: None if v is None else np.asarray(v, dtype=np.float64)  # noqa: E731
-        try:
-            track = cls(
-                item_id=str(data["item_id"]),
-                knob=str(data["knob"]),
-                x=arr(data["x"]),
-                token_ids=[int(i) for i in data["token_ids"]],
-                labels=[str(v) for v in data["labels"]],
-                probs=np.asarray(data["probs"], dtype=np.float64).reshape(len(data["x"]), len(data["token_ids"])),
-                top_ids=[int(i) for i in data["top_ids"]],
-                top_labels=[str(v) for v in data["top_labels"]],
-                top_probs=arr(data["top_probs"]),
-                reference=None if data["reference"] is None else float(data["reference"]),
-                tv=arr(data["tv"]),
-                max_dp=arr(data["max_dp"]),
-                step_tv=arr(data["step_tv"]),
-                meta=dict(data.get("meta") or {}),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ExperimentError(f"malformed tracking record: {exc}") from None
-        s = len(track.x)
-        if len(track.top_ids) != s or len(track.top_probs) != s or len(track.step_tv) != max(s - 1, 0):
-            raise ExperimentError(f"malformed tracking record {track.item_id}: per-value fields of unequal length")
-        return track
+    def check_loaded(self) -> None:
+        s = len(self.x)
+        self.probs = self.probs.reshape(s, len(self.token_ids))  # [] of no values still has K columns
+        if len(self.top_ids) != s or len(self.top_probs) != s or len(self.step_tv) != max(s - 1, 0):
+            raise ExperimentError(f"malformed tracking record {self.item_id}: per-value fields of unequal length")
 
     @property
     def argmax_changes(self) -> bool:
@@ -238,8 +199,11 @@ def track(
 
 
 @dataclass
-class TrackResult(Records[Track], record=Track, key="tracks", one="track"):
+class TrackResult(Records[Track], record=Track):
     """Every item's :class:`Track` of one tracking experiment on one model (``tracks``), with its configuration."""
+
+    tracks = RecordList()
+    track = Records.record
 
 
 # ---------------------------------------------------------------------------- the shared experiment
@@ -259,7 +223,7 @@ def check_threshold(threshold: float) -> None:
         raise ExperimentError(f"--threshold must lie in [{MIN_THRESHOLD:g}, 1), got {threshold:g}")
 
 
-class TrackingExperiment(Experiment):
+class TrackingExperiment(Experiment[Track, TrackResult]):
     """An experiment whose items are sweeps read over the whole vocabulary (tokens, scaling, translation).
 
     Subclasses set the :class:`Experiment` attributes and implement :meth:`items`,
@@ -269,14 +233,12 @@ class TrackingExperiment(Experiment):
     engine: ClassVar[bool] = True
     shardable: ClassVar[bool] = True
     result_type = TrackResult
-    metrics = (
-        Metric(
-            "mean_max_step_tv",
-            "lower",
-            "largest total variation between neighbouring values of the knob, mean over items (smoothness)",
-        ),
-        Metric("mean_path_tv", "lower", "total variation summed along the sweep, mean over items"),
-        Metric("share_argmax_changes", "lower", "share of items whose most probable token changes on the sweep"),
+    metrics = Metric.table(
+        """
+        mean_max_step_tv      lower  largest total variation between neighbouring values of the knob, mean over items (smoothness)
+        mean_path_tv          lower  total variation summed along the sweep, mean over items
+        share_argmax_changes  lower  share of items whose most probable token changes on the sweep
+        """
     )
     #: Which distance from the reference the figures draw: "tv" or "max_dp".
     distance: ClassVar[str] = "tv"

@@ -24,31 +24,25 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from contllm.data.user import DataFileOption, Row, data_option_help, read_rows, unique_ids
-from contllm.errors import ExperimentError, SignalError
+from contllm.errors import ExperimentError
 from contllm.experiments import answers
 from contllm.experiments.answers import ANSWERS, GROUPS, VARIATION_LEVEL, variation, yes_share
 from contllm.experiments.base import Metric
-from contllm.experiments.options import METHOD, Option
-from contllm.experiments.prompts import Rendered, apply_chat, check_template, render
-from contllm.experiments.sweeps import (
-    PROTOCOL,
-    ExperimentResult,
-    Sweep,
-    SweepExperiment,
-    SweepPlan,
-    check_alpha_sweep,
-    ends_provenance,
-    resolved_samples,
-    summary_start,
-    sweep_options,
-    sweep_values,
+from contllm.experiments.interpolations import (
+    AlphaSweepConfig,
+    AlphaSweepExperiment,
+    alpha_options,
+    end_accuracy,
+    interpolation_plan,
 )
-from contllm.interpolate import interpolate_spans
+from contllm.experiments.options import Option
+from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.experiments.sweeps import PROTOCOL, ExperimentResult, Sweep, SweepPlan, summary_start
 from contllm.readout import PAPER_YES_NO, TokenSets, containing
 from contllm.signal import Signal
 
@@ -71,9 +65,11 @@ CHAT_TEMPLATE = "{question} Answer with Yes or No."
 PAPER_TEMPLATE = "Question: {question} (yes/no)\nAnswer:"
 #: Values of alpha per item: the toolkit's default and the paper's script's.
 SAMPLES, PAPER_SAMPLES = 11, 40
+#: The templates and their fields (see :class:`~contllm.experiments.sweeps.SweepConfig`).
+PROMPTS = (DEFAULT_TEMPLATE, CHAT_TEMPLATE, ("question",), ("question",))
 
 #: The read-out: every casing of yes and no (each also with a leading space).
-YES_NO_SPELLINGS = {"yes": ["yes", "Yes", "YES"], "no": ["no", "No", "NO"]}
+YES_NO_SPELLINGS: dict[str, Sequence[str]] = {"yes": ["yes", "Yes", "YES"], "no": ["no", "No", "NO"]}
 
 DATA_SCHEMA = (
     "first, second (the words), question (with {} for the word), group (both|neither|first|second) "
@@ -196,12 +192,12 @@ def items_from_rows(rows: Sequence[Row]) -> list[WordItem]:
                     grouped.append((group, qs))
                 if not any(qs for _, qs in grouped):
                     raise row.error("holds no questions", "questions")
-            for group, qs in grouped:
+            for answered, qs in grouped:
                 for q in qs:
                     problem = _check_question(q)
                     if problem:
                         raise row.error(f"question {q!r} {problem}", "questions")
-                    items.append(_item(row, first, second, q, group))
+                    items.append(_item(row, first, second, q, answered))
         else:
             first = _word(row, row.get("first"), "first")
             second = _word(row, row.get("second"), "second")
@@ -256,7 +252,7 @@ def load_items(path: str | None = None) -> list[WordItem]:
 
 
 @dataclass
-class InterpolationConfig(DataFileOption):
+class InterpolationConfig(AlphaSweepConfig, DataFileOption, prompts=PROMPTS, paper=PAPER_TEMPLATE):
     """Options of the word-interpolation experiment.
 
     template: prompt with a {question} field (the item's question with the word filled in);
@@ -268,36 +264,20 @@ class InterpolationConfig(DataFileOption):
     chat: use the chat template.
     """
 
-    template: str | None = None
-    method: str = "linear"
-    low: float = 0.0
-    high: float = 1.0
-    samples: int | None = None
+    SAMPLES: ClassVar[int] = SAMPLES
+    PAPER_SAMPLES: ClassVar[int] = PAPER_SAMPLES
+
     pairs: tuple[str, ...] | None = None
-    chat: bool = False
-    protocol: str = "contllm"
 
     def __post_init__(self) -> None:
-        self.samples = resolved_samples(self.samples, self.protocol, SAMPLES, PAPER_SAMPLES)
-        check_alpha_sweep(self.low, self.high, self.samples, self.method)
-        check_template(self.resolved_template(), ("question",), required=("question",))
+        super().__post_init__()
         if self.pairs is not None:
             self.pairs = tuple(self.pairs)
         self.read_data(load_items)  # a malformed file is refused here, before a model loads
 
-    def resolved_template(self) -> str:
-        if self.template is not None:
-            return self.template
-        if self.protocol == "paper":
-            return PAPER_TEMPLATE
-        return CHAT_TEMPLATE if self.chat else DEFAULT_TEMPLATE
-
     def readout(self, tokenizer: Any) -> TokenSets:
         """yes and no: exact spellings, or the paper's every token containing them (``protocol`` "paper")."""
         return containing(tokenizer, PAPER_YES_NO) if self.protocol == "paper" else yes_no(tokenizer)
-
-    def alphas(self) -> np.ndarray:
-        return sweep_values(self.low, self.high, self.samples, include=None)
 
 
 def word_items(config: InterpolationConfig) -> list[WordItem]:
@@ -357,12 +337,8 @@ def check_item(lm: Any, item: WordItem, config: InterpolationConfig) -> None:
 
 def plan_item(lm: Any, item: WordItem, config: InterpolationConfig) -> SweepPlan:
     """The sweep of one item: the word's span interpolated over alpha; yes/no read out."""
-    sa, span_a, sb, span_b = ends(lm, item, config)
-    alphas = config.alphas()
-    try:
-        signals = [interpolate_spans(sa, span_a, sb, span_b, float(x), method=config.method) for x in alphas]  # type: ignore[arg-type]
-    except SignalError as err:
-        raise ExperimentError(f"item {item.id}: {err}") from None
+    pair = ends(lm, item, config)
+    sa, span_a, sb, span_b = pair
     answers = item.answers
     meta = {
         "first": item.first,
@@ -374,9 +350,8 @@ def plan_item(lm: Any, item: WordItem, config: InterpolationConfig) -> SweepPlan
         "method": config.method,
         "tokens_first": len(sa.token_indices(span_a)),
         "tokens_second": len(sb.token_indices(span_b)),
-        **ends_provenance(lm.tokenizer, sa, span_a, sb, span_b),
     }
-    return SweepPlan(item.id, alphas, signals, config.readout(lm.tokenizer), truth=None, meta=meta)
+    return interpolation_plan(lm, item.id, pair, config.alphas(), config.method, config.readout(lm.tokenizer), meta)
 
 
 # ------------------------------------------------------------------------------ numbers
@@ -412,14 +387,11 @@ def summarize_sweeps(sweeps: Sequence[Sweep]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     known = [s for s in sweeps if s.meta.get("group") is not None]
-    for at, key, name in ((0.0, "answer_first", "accuracy_at_alpha_0"), (1.0, "answer_second", "accuracy_at_alpha_1")):
-        marks = [
-            (s.at(at)[s.labels.index("yes")] > s.at(at)[s.labels.index("no")]) == bool(s.meta[key])
-            for s in known
-            if np.isclose(s.x, at).any()
-        ]
-        if known and len(marks) == len(known):
-            out[name] = float(np.mean(marks))
+
+    def correct(s: Sweep, p: np.ndarray, answer: Any) -> bool:
+        return bool(p[s.labels.index("yes")] > p[s.labels.index("no")]) == bool(answer)
+
+    out.update(end_accuracy(known, ("answer_first", "answer_second"), correct))
     if known:
         yes_answers = [yes_share(s)[0] for s in known if s.meta["answer_first"]] + [
             yes_share(s)[-1] for s in known if s.meta["answer_second"]
@@ -435,8 +407,7 @@ def summarize_sweeps(sweeps: Sequence[Sweep]) -> dict[str, Any]:
     if switching:
         crossed = [s for s in switching if crossed_over(s)]
         out["crossover_share"] = len(crossed) / len(switching)
-        points = [crossing(s.x, yes_share(s)) for s in crossed]
-        points = [p for p in points if p is not None]
+        points = [p for p in (crossing(s.x, yes_share(s)) for s in crossed) if p is not None]
         out["mean_crossing_alpha"] = float(np.mean(points)) if points else float("nan")
     flips = [s for s in sweeps if (yes_share(s)[0] > 0.5) != (yes_share(s)[-1] > 0.5)]
     out["flip_share"] = len(flips) / len(sweeps)
@@ -453,7 +424,7 @@ def summarize_sweeps(sweeps: Sequence[Sweep]) -> dict[str, Any]:
     return out
 
 
-class InterpolationExperiment(SweepExperiment):
+class InterpolationExperiment(AlphaSweepExperiment):
     name = "interpolation"
     help = "A word's embedding moved into another's inside a yes/no question; P(yes) and P(no) read out."
     description = (
@@ -466,31 +437,23 @@ class InterpolationExperiment(SweepExperiment):
     )
     Config = InterpolationConfig
     options = (
-        *sweep_options("alpha (within 0,1)", "0,1", 11),
-        METHOD,
+        *alpha_options(11),
         Option(
             "pairs", "words", "Comma-separated word pairs to keep, e.g. apples-bananas,cats-goldfish. [default: all]"
         ),
         Option("data", "str", data_option_help(DATA_SCHEMA)),
         PROTOCOL,
     )
-    metrics = (
-        Metric(
-            "accuracy_at_alpha_0", "higher", "yes/no accuracy (argmax of yes vs no) against the first word's answer"
-        ),
-        Metric("accuracy_at_alpha_1", "higher", "the same against the second word's answer, at alpha 1"),
-        Metric("mean_max_jump_yes_share", "lower", "largest change of the yes-share between neighbouring alphas, mean"),
-        Metric(
-            "variation_share", "lower", "share of items whose P(yes) or P(no) leaves its ends' range by 0.05 or more"
-        ),
-        Metric(
-            "mean_variation", "lower", "largest excursion of P(yes) or P(no) beyond its ends' range, mean over items"
-        ),
-        Metric(
-            "mean_lipschitz", "lower", "largest |dP/dalpha| over the curve's own range (normalised Lipschitz), mean"
-        ),
+    metrics = Metric.table(
+        """
+        accuracy_at_alpha_0      higher  yes/no accuracy (argmax of yes vs no) against the first word's answer
+        accuracy_at_alpha_1      higher  the same against the second word's answer, at alpha 1
+        mean_max_jump_yes_share  lower   largest change of the yes-share between neighbouring alphas, mean
+        variation_share          lower   share of items whose P(yes) or P(no) leaves its ends' range by 0.05 or more
+        mean_variation           lower   largest excursion of P(yes) or P(no) beyond its ends' range, mean over items
+        mean_lipschitz           lower   largest |dP/dalpha| over the curve's own range (normalised Lipschitz), mean
+        """
     )
-    x_label = "alpha"
 
     def items(self, config: InterpolationConfig) -> Sequence[WordItem]:
         return word_items(config)

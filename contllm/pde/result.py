@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from contllm.errors import ExperimentError
+from contllm.experiments.records import Records
 from contllm.files import as_array, jsonable, read_json
 
 #: Columns of results.csv (tidy rows, see :meth:`PDEResult.rows`) and of profiles.csv.
@@ -31,22 +32,18 @@ def _mean(values: Any) -> float:
 
 
 @dataclass
-class PDEResult:
+class PDEResult(Records[dict[str, Any]], what="pde result"):
     """Every (variant, T) record of one model, in item order (the stock model, T = 0, first when run).
 
-    config: the probe's options as data (:meth:`PDEConfig.to_dict`). n_layers: decoder
-    layers of the model. text_tokens: tokens of the measured text. prompts: ids of the
-    prompts whose measures each record lists, in that order.
+    experiment: "pde"; config: the probe's options as data (:meth:`PDEConfig.to_dict`);
+    records: plain data (:func:`check_record`). n_layers: decoder layers of the model.
+    text_tokens: tokens of the measured text. prompts: ids of the prompts whose measures
+    each record lists, in that order.
     """
 
-    experiment: ClassVar[str] = "pde"
-
-    model: str
-    config: dict[str, Any]
     n_layers: int
     text_tokens: int
     prompts: list[str]
-    records: list[dict[str, Any]]
 
     # ------------------------------------------------------------------ access
     @property
@@ -190,34 +187,14 @@ class PDEResult:
 
     # ------------------------------------------------------------------ data
     def to_dict(self) -> dict[str, Any]:
-        return jsonable(
-            {
-                "experiment": "pde",
-                "model": self.model,
-                "config": self.config,
-                "n_layers": self.n_layers,
-                "text_tokens": self.text_tokens,
-                "prompts": self.prompts,
-                "records": self.records,
-            }
-        )
+        data: dict[str, Any] = jsonable(super().to_dict())  # non-finite numbers as null
+        return data
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PDEResult:
-        """The result from :meth:`to_dict`'s data; ExperimentError when it is not one."""
-        try:
-            if data.get("experiment", "pde") != "pde":
-                raise ValueError(f"it is a result of the {data['experiment']!r} experiment")
-            return cls(
-                model=str(data["model"]),
-                config=dict(data["config"]),
-                n_layers=int(data["n_layers"]),
-                text_tokens=int(data["text_tokens"]),
-                prompts=[str(p) for p in data["prompts"]],
-                records=[check_record(r) for r in data["records"]],
-            )
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise ExperimentError(f"malformed pde result: {exc}") from None
+    def check_loaded(self) -> None:
+        if self.experiment != "pde":
+            raise ValueError(f"it is a result of the {self.experiment!r} experiment")
+        for record in self.records:
+            check_record(record)
 
     @classmethod
     def load(cls, directory: str | Path) -> PDEResult:

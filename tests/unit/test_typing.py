@@ -33,6 +33,25 @@ CLEAN = (
     "contllm.report",
     "contllm.runs",
     "contllm.spec",
+    # the experiments (issue 26: Experiment[RecordT, ResultT], records through contllm.experiments.records)
+    "contllm.depth.experiment",
+    "contllm.experiments.attention_mass",
+    "contllm.experiments.attribution",
+    "contllm.experiments.base",
+    "contllm.experiments.boolean",
+    "contllm.experiments.counting_interpolation",
+    "contllm.experiments.equivalence",
+    "contllm.experiments.lens",
+    "contllm.experiments.linearity",
+    "contllm.experiments.patching",
+    "contllm.experiments.records",
+    "contllm.experiments.sums",
+    "contllm.experiments.sweeps",
+    "contllm.experiments.timeline",
+    "contllm.experiments.tokens",
+    "contllm.experiments.tracking",
+    "contllm.experiments.word_interpolation",
+    "contllm.pde.experiment",
 )
 
 
