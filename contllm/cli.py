@@ -20,26 +20,15 @@ import click
 import typer
 
 from contllm import __version__, cli_index, logs, registry
+from contllm.cli_errors import Exit, OneLineCommand
+from contllm.cli_errors import fail as _fail
 from contllm.errors import ContllmError, ExperimentError
 from contllm.experiments.options import Option
+from contllm.settings import DEFAULT_FORMATS, FIGURE_FORMATS, ITEM_FIGURES_UP_TO
 
 # Help pages answer at once: this module and the ones it imports at the top load neither
 # torch, transformers nor matplotlib (tests/unit/test_cli_startup.py holds it to that).
 # Help reads the experiments' declarations from contllm.cli_index; a run imports them.
-
-
-# `run` is a click group and the other commands are Typer's, whose main loop knows its own
-# exit exception: each command exits through the one its loop handles.
-Exit = type[Exception]
-#: Longest error line the command line prints.
-MAX_ERROR = 400
-
-
-def _fail(message: str, code: int = 2, exit_with: Exit = click.exceptions.Exit) -> NoReturn:
-    if len(message) > MAX_ERROR:  # a value typed at great length is quoted, not echoed whole
-        message = f"{message[: MAX_ERROR - 40]}... ({len(message)} characters)"
-    click.echo(f"error: {message}", err=True)
-    raise exit_with(code)
 
 
 def _guarded(work: Callable[[], Any], exit_with: Exit = click.exceptions.Exit) -> Any:
@@ -61,20 +50,15 @@ def _showing_news() -> bool:
     return logs.LOGGER.isEnabledFor(logging.INFO)
 
 
-class _OneLineCommand(click.Command):
-    """A command whose usage errors (unknown option, bad value) are one line and exit status 2."""
+class _OneLineCommand(OneLineCommand):
+    """``contllm run NAME`` and ``contllm run SPEC.toml``: an unknown option is one that does not apply to the experiment."""
 
-    def make_context(
-        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
-    ) -> click.Context:
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except click.NoSuchOption as exc:
+    def usage_error(self, exc: click.UsageError) -> NoReturn:
+        if isinstance(exc, click.NoSuchOption):
             _fail(
                 f"option(s) {exc.option_name} do not apply to the {self.name} experiment; see 'contllm run {self.name} --help'"
             )
-        except click.UsageError as exc:
-            _fail(exc.format_message().replace("\n", " "))
+        super().usage_error(exc)
 
 
 def run_options(default_model: str, aliases: Sequence[str]) -> tuple[tuple[tuple[str, ...], dict[str, Any]], ...]:
@@ -135,7 +119,22 @@ RUN_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     ),
     (
         ("--item-figures/--no-item-figures",),
-        {"default": True, "show_default": True, "help": "Also draw one figure per item."},
+        {
+            "default": None,
+            "help": "Draw one figure per item. [default: for runs of at most "
+            f"{ITEM_FIGURES_UP_TO} items; a larger run draws the summary figure only, since the item "
+            "figures would take as long as the evaluation: the explorer page shows every item, and "
+            "'contllm figures RUN_DIR' draws them later]",
+        },
+    ),
+    (
+        ("--formats",),
+        {
+            "default": ",".join(DEFAULT_FORMATS),
+            "show_default": True,
+            "metavar": f"[{'|'.join(FIGURE_FORMATS)}],...",
+            "help": "Figure formats, comma-separated (png,pdf for PDF too: it doubles the time figures take).",
+        },
     ),
 )
 #: Options of the experiments that evaluate through the batched engine.
@@ -250,6 +249,7 @@ def spec_command(path: str) -> click.Command:
         model: str | None,
         items: str | None,
         samples: str | None,
+        formats: str | None,
     ) -> None:
         from contllm.spec import run_spec
 
@@ -266,6 +266,7 @@ def spec_command(path: str) -> click.Command:
                 model=model,
                 items=items,
                 samples=samples,
+                formats=formats,
             )
         )
         if _is_main_process():
@@ -291,6 +292,12 @@ def spec_command(path: str) -> click.Command:
             click.Option(["--items"], default=None, help="Overrides every experiment's items (N or id1,id2)."),
             click.Option(
                 ["--samples"], default=None, help="Overrides the samples of every experiment that takes them."
+            ),
+            click.Option(
+                ["--formats"],
+                default=None,
+                metavar=f"[{'|'.join(FIGURE_FORMATS)}],...",
+                help="Overrides the spec's figure formats (png,pdf).",
             ),
         ],
         callback=callback,
@@ -341,11 +348,16 @@ class RunGroup(click.Group):
             formatter.write_dl(rows)
 
 
-RUN_HELP = """Run an experiment, or a spec of several, and write a run directory.
+RUN_HELP = f"""Run an experiment, or a spec of several, and write a run directory.
 
 The directory holds config.json, manifest.json, items/ (one record per finished item,
-what --resume skips), results.json, the experiment's CSV tables, summary.json and
-figures/ (PNG and PDF). `contllm run NAME --help` lists an experiment's options.
+what --resume skips), results.json, the experiment's CSV tables, summary.json,
+explorer.html (where the experiment reads out a value per item) and figures/: the
+summary figure as PNG (--formats png,pdf adds PDF), and one figure per item for runs
+of at most {ITEM_FIGURES_UP_TO} items (--item-figures / --no-item-figures decide
+otherwise). Item figures cost about as much as evaluating the items, so a larger run
+leaves them for `contllm figures RUN_DIR`, which draws them from results.json without
+the model. `contllm run NAME --help` lists an experiment's options.
 Examples:
 
 \b
@@ -459,6 +471,40 @@ def report(
 
     for path in _guarded(lambda: write_report(run_dirs, out, force=force), typer.Exit):
         typer.echo(str(path))
+
+
+@app.command(context_settings=HELP)
+def figures(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A finished run directory (written by 'contllm run')."),
+    formats: str = typer.Option(
+        ",".join(DEFAULT_FORMATS),
+        "--formats",
+        metavar=f"[{'|'.join(FIGURE_FORMATS)}],...",
+        help="Figure formats, comma-separated (png,pdf for PDF too).",
+    ),
+    items: str | None = typer.Option(
+        None,
+        "--items",
+        metavar="N|ID,...",
+        help="The first N items, or a comma-separated list of item ids, whose figures to draw. [default: all]",
+    ),
+) -> None:
+    """Draw a finished run's figures from its results.json, without the model: the summary figure and every item's.
+
+    A large run draws its summary figure only (see 'contllm run --help'); this draws the
+    item figures afterwards, or draws every figure again in other formats. The files
+    replace those of the same names, and the run's manifest lists them with its other
+    outputs. Prints the path of each file written.
+    """
+    import time
+
+    from contllm.report import draw_figures
+
+    started = time.perf_counter()
+    written = _guarded(lambda: draw_figures(run_dir, formats=formats, items=items), typer.Exit)
+    for path in written:
+        typer.echo(str(path))
+    logs.note(f"{len(written)} files written in {time.perf_counter() - started:.1f} s")
 
 
 #: Commands kept in modules of their own: "name": "module:function", a Typer command

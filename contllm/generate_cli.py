@@ -9,8 +9,9 @@ text, or with ``--json`` as one JSON object per generated token (its time, durat
 probability and the ``--top`` most likely tokens).
 
 Every argument is checked before the model loads; a bad one prints one line and exits
-with status 2. Only ``click`` is imported here at the top: torch and transformers load
-when a command runs, so that ``--help`` answers at once.
+with status 2. Only ``click`` and the command line's own light module are imported here
+at the top: torch and transformers load when a command runs, so that ``--help`` answers
+at once.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
+from contllm.cli_errors import OneLineCommand
 from contllm.errors import ContllmError, SignalError
 
 _SPAN = re.compile(r"^(\d+):(\d+)$")
@@ -179,17 +181,16 @@ def run(req: Request) -> tuple[Any, Any]:
     return lm.generate(signal, options.pop("max_new_tokens"), **options), lm.tokenizer
 
 
-class _Command(click.Command):
-    """``contllm generate``: its usage errors (unknown option, missing value) are toolkit errors, printed on one line."""
+class _Command(OneLineCommand):
+    """``contllm generate``: its usage errors (unknown option, missing value) are toolkit errors, printed on one line.
 
-    def make_context(
-        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
-    ) -> click.Context:
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except click.UsageError as exc:
-            message = exc.format_message().replace("\n", " ").rstrip(". ")
-            raise ContllmError(f"{message}; see 'contllm generate --help'") from None
+    Raised rather than printed: the command runs inside ``contllm``'s own command, whose
+    guard prints toolkit errors and sets the exit status.
+    """
+
+    def usage_error(self, exc: click.UsageError) -> NoReturn:
+        message = exc.format_message().replace("\n", " ").rstrip(". ")
+        raise ContllmError(f"{message}; see 'contllm generate --help'") from None
 
 
 def _callback(prompt: str, as_json: bool, **values: Any) -> None:

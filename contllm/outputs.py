@@ -3,21 +3,24 @@
 :func:`save` writes a result into a directory through the writers in :data:`WRITERS`,
 each one function of an :class:`Output`; a new output format is one more function there.
 :func:`summarize` and :func:`figure` give the same summary and figures without writing.
-Which experiment made a result is read from the result (``result.experiment``) unless
-``name`` says it.
+:func:`contllm.report.draw_figures` (``contllm figures RUN_DIR``) draws a finished run's
+figures again through the same writers. Which experiment made a result
+is read from the result (``result.experiment``) unless ``name`` says it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from contllm import registry
 from contllm.errors import ExperimentError, MissingDependencyError
-from contllm.experiments.base import Table
-from contllm.files import atomic_write_json, atomic_write_text, write_csv
+from contllm.experiments.base import Experiment, Records, Table
+from contllm.files import atomic_write_json, atomic_write_text, safe_name, write_csv
+from contllm.settings import DEFAULT_FORMATS
+from contllm.settings import figure_formats as checked_formats
 
 #: Columns that every row of results.csv carries after the experiment's own: which run
 #: made it, so that tables of several runs can be stacked and told apart.
@@ -26,13 +29,22 @@ RUN_COLUMNS = ("experiment", "model")
 
 @dataclass
 class Output:
-    """What a writer gets: the experiment, its result, the summary, the directory and whether to draw per-item figures."""
+    """What a writer gets: the experiment, its result, the summary, the directory and which figures to draw.
+
+    item_figures: also one figure (and document) per item. formats: the figure formats
+    (:data:`contllm.settings.FIGURE_FORMATS`; PNG only by default). items: the item figures and documents of
+    only these item ids (None: every item's). written: the figures and documents written,
+    in order (the writers add to it).
+    """
 
     experiment: Any
     result: Any
     summary: dict[str, Any]
     directory: Path
     item_figures: bool = True
+    formats: Sequence[str] = DEFAULT_FORMATS
+    items: Collection[str] | None = None
+    written: list[Path] = field(default_factory=list)
 
 
 def write_results(out: Output) -> None:
@@ -67,17 +79,50 @@ def write_summary(out: Output) -> None:
 
 
 def write_figures(out: Output) -> None:
-    """figures/<name>.png and .pdf for each of the experiment's figures."""
+    """figures/<name>.<format> for each of the experiment's figures and each of ``out.formats``."""
     from contllm.plotting import save_figure
 
-    for name, fig in out.experiment.figures(out.result, per_item=out.item_figures):
-        save_figure(fig, out.directory / "figures" / name)
+    for name, fig in drawn_figures(out):
+        out.written += save_figure(fig, out.directory / "figures" / name, formats=out.formats)
+
+
+def drawn_figures(out: Output) -> Iterator[tuple[str, Any]]:
+    """The experiment's (name, figure) pairs for ``out``: the item figures only with ``item_figures``, of ``items`` only when given.
+
+    The figures of items left out are not drawn where the experiment draws item figures
+    one record at a time (:meth:`Experiment.item_figure`); otherwise they are drawn and closed.
+    """
+    experiment, result = out.experiment, out.result
+    if out.items is None or not out.item_figures:
+        yield from experiment.figures(result, per_item=out.item_figures)
+        return
+    wanted = set(out.items)
+    if isinstance(result, Records) and type(experiment).figures is Experiment.figures:
+        yield from experiment.figures(result, per_item=False)
+        for record in result.records:
+            item_id = getattr(record, "item_id", None)
+            fig = experiment.item_figure(result, record) if item_id in wanted else None
+            if fig is not None:
+                yield f"items/{item_id}", fig
+        return
+    from contllm.plotting import plt
+
+    names = {f"items/{i}" for i in wanted} | {f"items/{safe_name(i)}" for i in wanted}
+    for name, fig in experiment.figures(result, per_item=True):
+        if name.startswith("items/") and name not in names:
+            plt.close(fig)
+        else:
+            yield name, fig
 
 
 def write_documents(out: Output) -> None:
-    """The experiment's extra documents (self-contained HTML, ...), at the paths it names."""
+    """The experiment's extra documents (self-contained HTML, ...), at the paths it names (per item: of ``out.items`` when given)."""
+    wanted = None if out.items is None else set(out.items) | {safe_name(i) for i in out.items}
     for relative, text in out.experiment.documents(out.result, per_item=out.item_figures):
-        atomic_write_text(out.directory / relative, text)
+        path = Path(relative)
+        if wanted is not None and path.parent.name == "items" and path.stem not in wanted:
+            continue
+        out.written.append(atomic_write_text(out.directory / path, text))
 
 
 def write_explorer(out: Output) -> None:
@@ -112,19 +157,22 @@ def save(
     item_figures: bool = True,
     name: str | None = None,
     formats: Sequence[str] | None = None,
+    figure_formats: str | Sequence[str] = DEFAULT_FORMATS,
 ) -> dict[str, Any]:
     """Write ``result`` into ``directory`` in every format of :data:`WRITERS` (or those in ``formats``); returns the summary.
 
     figures: False leaves out the formats in :data:`DRAWN`. item_figures: also one figure
-    per item. This is what a run directory holds besides its config, manifest and records.
+    per item. figure_formats: the figures' file formats ("png", "pdf" or both; PNG
+    only by default). This is what a run directory holds besides its config, manifest and records.
     """
     chosen = list(formats) if formats is not None else [f for f in WRITERS if figures or f not in DRAWN]
     unknown = [f for f in chosen if f not in WRITERS]
     if unknown:
         raise ExperimentError(f"unknown output format(s) {', '.join(unknown)}; known: {', '.join(WRITERS)}")
+    drawn_as = checked_formats(figure_formats, "figure_formats")
     experiment = registry.get(name or result.experiment)
     summary = experiment.summary(result)
-    out = Output(experiment, result, summary, Path(directory), item_figures)
+    out = Output(experiment, result, summary, Path(directory), item_figures, drawn_as)
     for fmt in chosen:
         WRITERS[fmt](out)
     return summary

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +25,24 @@ import matplotlib.pyplot as plt
 __all__ = ["plt", "save_figure"]
 
 
-def save_figure(fig: Any, stem: str | Path, *, close: bool = True) -> list[Path]:
-    """Save ``fig`` as stem.png and stem.pdf, each through a unique temporary name and a rename.
+#: Resolution of each raster format (None: a vector format's own).
+DPI = {"png": 120, "pdf": None}
+
+
+def save_figure(
+    fig: Any, stem: str | Path, *, close: bool = True, formats: Sequence[str] = ("png", "pdf")
+) -> list[Path]:
+    """Save ``fig`` as stem.<format> for each of ``formats`` (keys of :data:`DPI`), each through a unique temporary name and a rename.
 
     Two processes saving the same figure never share a temporary file. Closes the figure
-    (also when saving fails) unless ``close`` is false. Returns the two paths.
+    (also when saving fails) unless ``close`` is false. Returns the paths, in the order of ``formats``.
     """
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
     try:
-        for ext, dpi in ((".png", 120), (".pdf", None)):
+        for fmt in formats:
+            ext, dpi = f".{fmt}", DPI[fmt]
             final = stem.with_name(stem.name + ext)
             fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".tmp{ext}", dir=final.parent)
             os.close(fd)

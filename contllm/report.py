@@ -27,6 +27,7 @@ from contllm import registry
 from contllm.errors import ContllmError, RunDirectoryError
 from contllm.files import atomic_write_text, csv_text, parse_json
 from contllm.runs import CONFIG, MANIFEST
+from contllm.settings import DEFAULT_FORMATS
 
 RESULTS = "results.json"
 REQUIRED = (CONFIG, MANIFEST, RESULTS)
@@ -321,3 +322,52 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, *, force: bool
     if data is not None:
         paths.append(atomic_write_text(out / "explorer.html", page(data, f"{runs[0].experiment}: {len(runs)} runs")))
     return paths
+
+
+def draw_figures(
+    path: str | Path, *, formats: str | Sequence[str] = DEFAULT_FORMATS, items: str | int | None = None
+) -> list[Path]:
+    """Draw the figures of a finished run directory again, from its results.json and without a model; returns the files written.
+
+    Draws the summary figure and every item's figure and document, or with ``items`` (the
+    first N or comma-separated ids, like ``--items``) the summary and those items' only, in
+    ``formats`` ("png", "pdf", "png,pdf"; PNG only by default), over any files of the same
+    names. The directory is locked meanwhile, and its manifest lists the new files among
+    the run's outputs (``--force`` removes them with the rest). This is ``contllm figures
+    RUN_DIR``. RunDirectoryError for a directory that is not a finished run (or that
+    another process is writing), ExperimentError for an unknown format or item.
+    """
+    from contllm.outputs import DRAWN, WRITERS, Output
+    from contllm.runs import RunDir
+    from contllm.settings import figure_formats
+
+    drawn_as = figure_formats(formats)
+    run = load_run(path)
+    out = Output(registry.get(run.experiment), run.result, run.summary, run.path, True, drawn_as, _item_ids(run, items))
+    run_dir = RunDir(run.path, run.config, resume=True).open()
+    try:
+        run_dir.write_outputs(lambda: [WRITERS[writer](out) for writer in DRAWN])
+    finally:
+        run_dir.close()
+    return out.written
+
+
+@dataclass(frozen=True)
+class _Item:
+    id: str
+
+
+def _item_ids(run: Any, items: str | int | None) -> list[str] | None:
+    """The ids ``items`` selects among a loaded run's records (None: every item)."""
+    if items is None:
+        return None
+    from contllm.data import select_items
+    from contllm.errors import ExperimentError
+
+    found = [getattr(r, "item_id", None) or getattr(r, "id", None) for r in getattr(run.result, "records", None) or ()]
+    ids = [i for i in found if isinstance(i, str)]
+    if not ids or len(ids) != len(found):
+        raise ExperimentError(
+            f"the records of a {run.experiment} run have no item ids to choose from; leave out --items"
+        )
+    return [item.id for item in select_items([_Item(i) for i in ids], items)]

@@ -18,6 +18,7 @@ model loads, and everything that needs the model is checked before anything is w
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -30,7 +31,7 @@ from contllm.experiments.base import Experiment, RunContext
 from contllm.logs import note
 from contllm.outputs import save
 from contllm.runs import RunDir, base_manifest, default_out, now
-from contllm.settings import RunSettings, group_bytes_from_env
+from contllm.settings import ITEM_FIGURES_UP_TO, RunSettings, group_bytes_from_env
 
 Say = Callable[[str], None]
 
@@ -226,7 +227,7 @@ def run(
 
     checked (see :func:`check_run`): options or config, settings or the fields of a
     :class:`~contllm.settings.RunSettings` (model, items, seed, dtype, max_batch_tokens,
-    device_map, item_figures, group_bytes), say (where news lines go; default: the
+    device_map, item_figures, formats, group_bytes), say (where news lines go; default: the
     ``contllm`` logger at INFO, see :mod:`contllm.logs`), progress (a
     progress bar on stderr). lm: an already loaded model (then ``model`` only names it).
     out: the run directory (default runs/<name>-<model>-<time>); resume: continue the run
@@ -255,15 +256,18 @@ def run(
     torch.manual_seed(settings.seed)
     if lm is None and procs.is_main:
         _note_half_precision(settings.dtype, procs.device or device, echo)
+    loading = None
     if lm is None:
         placement: dict[str, Any] = {}
         if settings.device_map is not None:
             placement = {"device_map": settings.device_map, "max_memory": device_map_memory(procs)}
+        started = time.perf_counter()
         with procs.main_first():  # an embedded model is converted into the cache once
             lm = load_for_run(plan.model, device=procs.device or device, dtype=settings.dtype, say=echo, **placement)
+        loading = time.perf_counter() - started
     plan.experiment.check(lm, plan.config)
     try:
-        return _Execution(plan, lm, run_dir, procs, echo).run()
+        return _Execution(plan, lm, run_dir, procs, echo, loading).run()
     finally:
         run_dir.close()
 
@@ -284,10 +288,18 @@ def load_for_run(model: str, *, device: str, dtype: str | None, say: Say, **opti
 
 
 class _Execution:
-    """One run of a checked plan: open the directory, compute what is missing, write the outputs."""
+    """One run of a checked plan: open the directory, compute what is missing, write the outputs.
 
-    def __init__(self, plan: CheckedRun, lm: Any, run_dir: RunDir, procs: Any, echo: Say) -> None:
+    The manifest records the wall time of each stage under "seconds": the model's load
+    (None when the model came loaded), the evaluation (computing the missing records,
+    each saved as it is finished) and the outputs (results, tables, summary, figures).
+    """
+
+    def __init__(
+        self, plan: CheckedRun, lm: Any, run_dir: RunDir, procs: Any, echo: Say, loading: float | None = None
+    ) -> None:
         self.plan, self.lm, self.run_dir, self.procs, self.echo = plan, lm, run_dir, procs, echo
+        self.seconds: dict[str, float | None] = {"load": None if loading is None else round(loading, 3)}
         settings = plan.settings
         self.context = context_for(
             lm,
@@ -301,19 +313,32 @@ class _Execution:
     def run(self) -> Path:
         plan, procs, run_dir = self.plan, self.procs, self.run_dir
         done = self.open() if procs.is_main else {}
+        started = time.perf_counter()
         if procs.launched:
             result = self.shared(done)
             if result is None:  # not the main process: its share is on disk
                 return run_dir.path
         else:
             result = self.compute(done)
+        self.seconds["evaluation"] = round(time.perf_counter() - started, 3)
+        started = time.perf_counter()
+        settings = plan.settings
+        per_item = settings.draws_item_figures(len(plan.chosen))
         summary = run_dir.write_outputs(
-            lambda: save(result, run_dir.path, item_figures=plan.settings.item_figures, name=plan.name)
+            lambda: save(result, run_dir.path, item_figures=per_item, figure_formats=settings.formats, name=plan.name)
         )
-        run_dir.write_manifest({"status": "finished", "finished": now(), "items": len(plan.chosen)})
+        self.seconds["outputs"] = round(time.perf_counter() - started, 3)
+        run_dir.write_manifest(
+            {"status": "finished", "finished": now(), "items": len(plan.chosen), "seconds": self.seconds}
+        )
         for key, value in summary.items():
             if isinstance(value, float):
                 self.echo(f"  {key}: {value:.4g}")
+        if not per_item and settings.item_figures is None:
+            self.echo(
+                f"item figures not drawn ({len(plan.chosen)} {plan.experiment.unit}s; a run draws them by itself "
+                f"up to {ITEM_FIGURES_UP_TO}): contllm figures {run_dir.path}"
+            )
         return run_dir.path
 
     def open(self) -> dict[str, Any]:

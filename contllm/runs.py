@@ -11,7 +11,8 @@ Layout of a run directory::
     results.json       the experiment's result, with the config
     <table>.csv        the experiment's tables (results.csv: tidy rows of every item)
     summary.json       headline numbers
-    figures/           the experiment's figures (a summary, one per item), as PNG and PDF
+    figures/           the experiment's figures (a summary; one per item in runs of up to 24
+                       items or when asked), as PNG (and PDF when asked)
 
 Every file is written to a temporary name and renamed into place, so a run killed at any
 moment leaves only whole files; ``--resume`` then skips the items already on disk, in

@@ -3,17 +3,18 @@
 :class:`RunSettings` is built by the command line, by spec files and from Python, and
 checked once, when it is made (:meth:`RunSettings.check_for` adds what depends on the
 experiment). :meth:`RunSettings.recorded` is what config.json keeps of it and what
-``--resume`` compares: everything that changes how records are computed.
+``--resume`` compares: everything that changes how records are computed. The module
+imports nothing heavy, so that the command line's help can read its constants.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from contllm.errors import ExperimentError
-from contllm.models import DEFAULT_MODEL, check_device_map
 
 #: Next-token distributions one batch of items may hold at once, in bytes of float32
 #: probabilities. Larger batches compute no less per signal; they only hold more. The
@@ -31,6 +32,50 @@ def group_bytes_from_env() -> int:
     if not text.isdigit() or int(text) < 1:
         raise ExperimentError(f"{GROUP_BYTES_VARIABLE} must be a whole number of bytes >= 1, got {text!r}")
     return int(text)
+
+
+#: The figure formats a run can write (matplotlib's names), and the default: a PNG is quick to
+#: write and to look at; PDF (vector, for papers) costs about as much again and is written
+#: only when asked (``--formats png,pdf``).
+FIGURE_FORMATS = ("png", "pdf")
+DEFAULT_FORMATS = ("png",)
+
+#: A run of at most this many items draws one figure per item unless told otherwise; a
+#: larger run draws the summary figure only (the explorer page shows every item, and
+#: ``contllm figures RUN_DIR`` draws the item figures afterwards). Item figures cost about
+#: 0.17 s each on a 2-core CPU: as much as evaluating a counting item.
+ITEM_FIGURES_UP_TO = 24
+
+
+def figure_formats(value: str | Sequence[str], what: str = "--formats") -> tuple[str, ...]:
+    """``value`` ("png,pdf", or a sequence of names) as a tuple of :data:`FIGURE_FORMATS`, in the order given, each once.
+
+    Case and spaces do not matter. ExperimentError (naming ``what``) for an unknown or empty value.
+    """
+    parts = value.split(",") if isinstance(value, str) else value
+    if not isinstance(parts, Sequence) or not all(isinstance(part, str) for part in parts):
+        raise ExperimentError(f"{what} takes figure formats (png, pdf), comma-separated; got {_short(value)}")
+    names: list[str] = []
+    for part in parts:
+        name = part.strip().lower().lstrip(".")
+        if not name:
+            continue
+        if name not in FIGURE_FORMATS:
+            raise ExperimentError(
+                f"{what}: unknown figure format {_short(part.strip())}; choose among {', '.join(FIGURE_FORMATS)} (e.g. png,pdf)"
+            )
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ExperimentError(f"{what} names no figure format; give png, pdf or png,pdf")
+    return tuple(names)
+
+
+def _default_model() -> str:
+    # contllm.models imports torch; the command line's help reads this module's constants without it.
+    from contllm.models import DEFAULT_MODEL
+
+    return DEFAULT_MODEL
 
 
 #: Largest seed: torch, numpy and Python's random all take it.
@@ -72,18 +117,22 @@ class RunSettings:
     max_batch_tokens: most tokens one forward computes (None: automatic); used by every
         experiment that evaluates the model in batches (the engine and attribution's gradients).
     device_map: "auto" spreads a model over several devices (engine experiments).
-    item_figures: also draw one figure per item.
+    item_figures: also draw one figure per item (None: for runs of at most
+        :data:`ITEM_FIGURES_UP_TO` items; see :meth:`draws_item_figures`).
+    formats: the figure formats, a tuple of :data:`FIGURE_FORMATS` or a comma-separated
+        string ("png,pdf"); PNG only by default.
     group_bytes: the budget of one batch of items (see :data:`GROUP_BYTES`); read from the
         environment when not given.
     """
 
-    model: str = DEFAULT_MODEL
+    model: str = field(default_factory=_default_model)
     items: str | None = None
     seed: int = 0
     dtype: str | None = None
     max_batch_tokens: int | None = None
     device_map: str | None = None
-    item_figures: bool = True
+    item_figures: bool | None = None
+    formats: tuple[str, ...] = DEFAULT_FORMATS
     group_bytes: int = field(default_factory=group_bytes_from_env)
 
     def __post_init__(self) -> None:
@@ -102,9 +151,16 @@ class RunSettings:
         _positive_int(self.max_batch_tokens, "--max-batch-tokens")
         _positive_int(self.group_bytes, GROUP_BYTES_VARIABLE)
         if self.device_map is not None:
+            from contllm.models import check_device_map
+
             check_device_map(self.device_map)
-        if not isinstance(self.item_figures, bool):
+        if self.item_figures is not None and not isinstance(self.item_figures, bool):
             raise ExperimentError(f"item_figures must be true or false, got {self.item_figures!r}")
+        object.__setattr__(self, "formats", figure_formats(self.formats))
+
+    def draws_item_figures(self, items: int) -> bool:
+        """Whether a run of ``items`` items draws one figure per item: ``item_figures`` when given, else up to :data:`ITEM_FIGURES_UP_TO` items."""
+        return self.item_figures if self.item_figures is not None else items <= ITEM_FIGURES_UP_TO
 
     def check_for(self, experiment: Any) -> None:
         """ExperimentError when a setting does not apply to ``experiment`` (an :class:`~contllm.experiments.base.Experiment`)."""

@@ -5,6 +5,7 @@ A spec looks like::
     out = "runs/paper"                  # root of the run directories (optional)
     models = ["smollm2-135m", "gemma3-270m"]
     dtype = "float32"                   # optional, like --dtype
+    formats = "png,pdf"                 # optional, like --formats (figure formats; default png)
 
     [[experiment]]
     name = "counting"                   # any registered experiment (contllm run --help)
@@ -32,14 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from contllm.errors import ExperimentError
-from contllm.settings import RunSettings
+from contllm.settings import DEFAULT_FORMATS, RunSettings, figure_formats
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-TOP_KEYS = {"out", "models", "dtype", "device", "seed", "max_batch_tokens", "item_figures", "experiment"}
+TOP_KEYS = {"out", "models", "dtype", "device", "seed", "max_batch_tokens", "item_figures", "formats", "experiment"}
 #: Keys of an [[experiment]] table besides the experiment's own options.
 ENTRY_KEYS = {"name", "label", "items"}
 #: Labels and model directory names are single path components: no separators, no "." or "..".
@@ -131,7 +132,8 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
     max_batch_tokens = _typed(data, "max_batch_tokens", int, None, where)
     if max_batch_tokens is not None and max_batch_tokens < 1:
         raise ExperimentError(f"{where}: 'max_batch_tokens' must be >= 1, got {max_batch_tokens}")
-    item_figures = _typed(data, "item_figures", bool, True, where)
+    item_figures = _typed(data, "item_figures", bool, None, where)
+    formats = figure_formats(data.get("formats", DEFAULT_FORMATS), f"{where}: 'formats'")
     experiments = data.get("experiment")
     if not isinstance(experiments, list) or not experiments:
         raise ExperimentError(f"{where}: no [[experiment]] tables; add at least one with a 'name'")
@@ -141,7 +143,7 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
         if not isinstance(table, dict):
             raise ExperimentError(f"{where}: experiment {k} is not a table")
         name = table.get("name")
-        if not registry.known(name):
+        if not isinstance(name, str) or not registry.known(name):
             raise ExperimentError(
                 f"{where}: experiment {k}: name must be one of {', '.join(registry.names())}, got {name!r}"
             )
@@ -159,7 +161,9 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
             )
         label = table.get("label", name)
         if not isinstance(label, str) or not SAFE_COMPONENT.fullmatch(label) or len(label) > MAX_LABEL:
-            shown = repr(label) if len(repr(label)) <= 60 else f"{repr(label)[:40]}... ({len(label)} characters)"
+            shown = repr(label)
+            if len(shown) > 60:  # a long string is cut, with its length; another value (a TOML date) has no length
+                shown = f"{shown[:40]}... ({len(label)} characters)" if isinstance(label, str) else f"{shown[:40]}..."
             raise ExperimentError(
                 f"{where}: experiment {k}: label {shown} must be a plain directory name "
                 f"(letters, digits, '_', '.', '-'; not starting with '.' or '-'; at most {MAX_LABEL} characters)"
@@ -183,6 +187,7 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
                     seed=seed,
                     dtype=dtype,
                     item_figures=item_figures,
+                    formats=formats,
                     max_batch_tokens=max_batch_tokens,
                 )
                 for model in models
@@ -212,11 +217,13 @@ def run_spec(
     model: str | None = None,
     items: str | None = None,
     samples: str | None = None,
+    formats: str | None = None,
 ) -> list[Path]:
     """Run every (model, experiment) of a spec through :func:`contllm.runner.run`; returns the run directories.
 
-    Every entry's options and items are checked before the first model loads. device and
-    dtype override the spec's; model, items and samples as :func:`load_spec` says.
+    Every entry's options and items are checked before the first model loads. device,
+    dtype and formats (the figure formats, "png,pdf") override the spec's; model, items
+    and samples as :func:`load_spec` says.
     """
     from dataclasses import replace
 
@@ -228,6 +235,8 @@ def run_spec(
     root = out if out is not None else spec.out
     device = device if device not in (None, "auto") else spec.device
     entries = [replace(e, settings=replace(e.settings, dtype=dtype)) if dtype else e for e in spec.entries]
+    if formats is not None:
+        entries = [replace(e, settings=replace(e.settings, formats=figure_formats(formats))) for e in entries]
     # Under a launch each process loads on its own device, and the main process fills the model cache first.
     procs = start_processes(device)
     targets = check_targets(spec, entries, Path(root), resume=resume, force=force, device=procs.device or device)

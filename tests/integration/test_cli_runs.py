@@ -28,7 +28,7 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 def test_counting_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = run_cli("run", "counting", "--items", "3", "--samples", "4", "--out", str(out))
+    done = run_cli("run", "counting", "--items", "3", "--samples", "4", "--formats", "png,pdf", "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(out)
     for name in ("config.json", "manifest.json", "results.json", "results.csv", "summary.json"):
@@ -47,6 +47,25 @@ def test_counting_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
     again = run_cli("run", "counting", "--items", "3", "--samples", "4", "--out", str(out))
     assert again.returncode == 2 and again.stderr.strip().startswith("error: ")
     assert (out / "results.csv").read_bytes() == before
+
+
+def test_a_large_default_run_draws_its_summary_and_figures_draws_the_rest(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = run_cli("run", "counting", "--items", "30", "--samples", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "item figures not drawn (30 items" in done.stderr and f"contllm figures {out}" in done.stderr
+    assert sorted(p.name for p in (out / "figures").iterdir()) == ["summary.png"]
+    assert (out / "explorer.html").is_file() and (out / "results.csv").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["seconds"]["load"] > 0 and manifest["seconds"]["evaluation"] > 0
+    drawn = run_cli("figures", str(out), "--items", "2", "--formats", "png,pdf")
+    assert drawn.returncode == 0, drawn.stderr
+    names = ["summary.png", "summary.pdf", "items/count-001.png", "items/count-001.pdf", "items/count-002.png",
+             "items/count-002.pdf"]
+    assert drawn.stdout.split() == [str(out / "figures" / name) for name in names]
+    assert not (out / "figures" / "items" / "count-003.png").exists()
+    listed = json.loads((out / "manifest.json").read_text())["outputs"]
+    assert all(f"figures/{name}" in listed for name in names)
 
 
 def test_bfloat16_run_records_its_float32_state(tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ def test_perturbations_never_reach_earlier_positions(real_lm: ContinuousLM) -> N
 def test_small_depth_run_writes_its_run_directory(real_lm: ContinuousLM, tmp_path: Path) -> None:
     name = "smollm2-135m" if real_lm.family.name == "llama" else "gemma3-270m"
     out = tmp_path / name
-    path = runner.run("depth", config=SMALL, model=name, lm=real_lm, items="physics", out=out)
+    path = runner.run("depth", config=SMALL, model=name, lm=real_lm, items="physics", out=out, formats="png,pdf")
     assert path == out
     for file in ("config.json", "manifest.json", "results.json", "results.csv", "layers.csv", "summary.json", "items/physics.json"):
         assert (out / file).is_file(), file

@@ -94,6 +94,9 @@ def test_resume_with_other_options_is_refused(tmp_path: Path) -> None:
         ('[[experiment]]\nname = "counting"\nwidth = 3\n', "unknown key(s) width"),
         ('[[experiment]]\nname = "counting"\nlabel = ".."\n', "label '..' must be a plain directory name"),
         ('[[experiment]]\nname = "counting"\nlabel = "a/b"\n', "label 'a/b' must be a plain directory name"),
+        ('[[experiment]]\nname = "counting"\nlabel = "' + "a" * 101 + '"\n', "... (101 characters) must be a plain"),
+        # A TOML date has no length: its repr is cut without one.
+        ('[[experiment]]\nname = "counting"\nlabel = 1979-05-27T00:32:00.999999-07:00\n', "label datetime.datetime("),
         ('[[experiment]]\nname = "counting"\nsamples = "ten"\n', "--samples must be an integer, got 'ten'"),
         ('[[experiment]]\nname = "counting"\nsamples = 3.7\n', "--samples must be an integer, got 3.7"),
         ('seed = "abc"\n[[experiment]]\nname = "counting"\n', "'seed' must be an integer"),

@@ -59,6 +59,8 @@ def probe(*args: str) -> tuple[dict, str]:
         (["run", "boolean", "--help"], "--method [linear|slerp]"),
         (["models", "--help"], "--cache-dir"),
         (["report", "--help"], "--out"),
+        (["figures", "--help"], "--formats"),
+        (["run", "counting", "--help"], "--formats [png|pdf],..."),
         (["--version"], f"contllm {contllm.__version__}"),
     ],
 )

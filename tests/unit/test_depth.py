@@ -461,7 +461,7 @@ def run_tiny(out: Path, monkeypatch: pytest.MonkeyPatch, **options: object) -> P
 
 def test_runner_writes_a_depth_run_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "run"
-    assert run_tiny(out, monkeypatch) == out
+    assert run_tiny(out, monkeypatch, formats="png,pdf") == out
     for name in ("config.json", "manifest.json", "results.json", "results.csv", "layers.csv", "summary.json",
                  "items/a.json", "items/b.json"):
         assert (out / name).is_file(), name
