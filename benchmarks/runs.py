@@ -14,7 +14,10 @@ the cache) it times, side by side in one process:
   bf16       the batched path on a bfloat16 copy of the model (bf16 matmuls around a
              float32 state, the engine's default for a half-precision model), and the
              same model run wholly in bf16 (``Engine(lm, float32_state=False)``), whose
-             distance from float32 is the yardstick for the engine's.
+             distance from float32 is the yardstick for the engine's. Only where a matmul
+             probe finds bf16 matmuls at least 1.5x float32 on this CPU (``--bf16 auto``,
+             the default; ``--bf16 on`` forces them, ``--bf16 off``/``--no-bf16`` skips
+             them); a line at the top of the output says which and why.
 
 Each line gives the time of the item loop (every record computed, nothing written),
 the ratio as ``N.NNx``, the tokens each path computed (prefixes once, rows after them,
@@ -40,12 +43,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from sweep import _peak_rss_mb, _reset_peak_rss, engine_flops, matmul_rate
+from sweep import _peak_rss_mb, _reset_peak_rss, add_bf16_flags, bf16_sections, engine_flops, matmul_rate
 
 import contllm
 from contllm.engine import Engine, EngineStats
 from contllm.experiments import run_experiment, summarize
-from contllm.hardware import describe, half_sections
+from contllm.hardware import describe
 from contllm.registry import get as get_experiment
 
 RUNS = ("counting", "events", "boolean")
@@ -149,9 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated: counting, events, boolean")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
-                        help="the bf16 sections: auto runs them where bf16 matmuls pay on this CPU (a 50 ms probe)")
-    parser.add_argument("--no-bf16", dest="bf16", action="store_const", const="off", help="the same as --bf16 off")
+    add_bf16_flags(parser, "the bf16 sections (the bf16 engine and stock bf16 item loops)")
     parser.add_argument("--end-to-end", action="store_true", help="also time whole runs through the runner")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
@@ -161,10 +162,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     print(describe())
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
+    with_bf16, decision = bf16_sections(args.bf16)
+    print(decision, flush=True)
     fp32 = contllm.load(args.model, dtype=torch.float32, device="cpu")
-    with_bf16, why_not = half_sections(args.bf16)
-    if why_not:
-        print(why_not)
     bf16 = contllm.load(args.model, dtype=torch.bfloat16, device="cpu") if with_bf16 else None
     config = fp32.model.config.get_text_config()
     rate = matmul_rate(4096, int(config.hidden_size), int(config.intermediate_size))

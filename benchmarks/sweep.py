@@ -11,7 +11,12 @@ Workloads, on one model and one set of prompts:
   events-last  the same passage with only its last event scaled: a long shared prefix.
   bf16      the engine on a bfloat16 copy of the model (bf16 matmuls around a float32
             state, the engine's default for a half-precision model) against the float32
-            engine on every selected sweep (skip with ``--no-bf16``).
+            engine on every selected sweep. ``--bf16 auto`` (the default) runs it only where
+            a matmul probe finds bf16 matmuls at least 1.5x float32 on this CPU (where they
+            are emulated they are ~60x slower, and this section alone would take hours),
+            and a line at the top of the output says which and why; ``--bf16 on`` forces it,
+            ``--bf16 off`` (``--no-bf16``) skips it. ``--dtype bfloat16`` obeys the same
+            decision.
 
 For each sweep it times (a) the per-sample loop the research code runs - one full
 forward per sample, logits at every position, a mask built per sample - and (b) the
@@ -66,7 +71,7 @@ import torch
 
 from contllm import ContinuousLM, Signal, pad_signals
 from contllm.engine import Engine, EngineStats
-from contllm.hardware import cpu_capability, describe, half_sections
+from contllm.hardware import HALF_WORTH_IT, cpu_capability, describe, half_precision_pays
 
 COUNTING_PROMPT = (
     '"cat cat" contains 2 words.\n'
@@ -103,6 +108,46 @@ class Timing:
     seconds: float  # the best of the repeats
     median: float
     peak_rss_mb: float
+
+
+# ---------------------------------------------------------------------- bf16 or not
+BF16_CHOICES = ("auto", "on", "off")
+
+
+def bf16_sections(choice: str) -> tuple[bool, str]:
+    """Whether a benchmark's bf16 sections run, and the line of output that says so and why.
+
+    choice: "on" (always, not probed), "off" (never) or "auto": run them where bfloat16
+    matmuls are at least ``contllm.hardware.HALF_WORTH_IT`` times as fast as float32 on this
+    CPU, as ``contllm.hardware.half_matmul_speedup`` measures (a 50 ms matmul probe where
+    bf16 is native; a few seconds where it is emulated, as on AVX2 without avx512_bf16, whose
+    bf16 matmuls ran at 1 GFLOP/s against 69 in float32 and kept ``runs.py`` from finishing
+    in 25 minutes).
+    """
+    if choice not in BF16_CHOICES:
+        raise ValueError(f"choice must be one of {', '.join(BF16_CHOICES)}, got {choice!r}")
+    if choice == "on":
+        return True, "bf16 sections run: --bf16 on (not probed)"
+    if choice == "off":
+        return False, "bf16 sections skipped: --bf16 off"
+    pays, speedup = half_precision_pays(torch.bfloat16)
+    pace = f"{1 / speedup:.1f}x slower than" if speedup < 1 else f"{speedup:.2f}x as fast as"
+    measured = f"bfloat16 matmul {pace} float32 on this CPU (probe)"
+    if pays:
+        return True, f"bf16 sections run: {measured}"
+    return False, f"bf16 sections skipped: {measured}, below the {HALF_WORTH_IT}x they need; --bf16 on forces them"
+
+
+def add_bf16_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--bf16 auto|on|off`` (default auto) and ``--no-bf16``, for ``what`` (the benchmark's bf16 sections)."""
+    parser.add_argument(
+        "--bf16",
+        choices=BF16_CHOICES,
+        default="auto",
+        help=f"{what}: auto runs them where bf16 matmuls are at least {HALF_WORTH_IT}x float32 on this CPU "
+        "(a matmul probe), on forces them, off skips them",
+    )
+    parser.add_argument("--no-bf16", dest="bf16", action="store_const", const="off", help="the same as --bf16 off")
 
 
 # ---------------------------------------------------------------------- loading
@@ -367,9 +412,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--workloads", default="counting,events,events-last", help=f"comma-separated, from {', '.join(WORKLOADS)}"
     )
-    parser.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
-                        help="the bf16-vs-fp32 engine comparison: auto runs it where bf16 matmuls pay on this CPU")
-    parser.add_argument("--no-bf16", dest="bf16", action="store_const", const="off", help="the same as --bf16 off")
+    add_bf16_flags(parser, "the bf16 sections (the bf16-vs-fp32 engine comparison, and --dtype bfloat16)")
     args = parser.parse_args(argv)
     unknown = set(args.workloads.split(",")) - set(WORKLOADS)
     if unknown:
@@ -380,6 +423,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     factors = torch.linspace(0.1, 1.0, args.samples).tolist()
 
     print(describe(cpu_capability()))
+    with_bf16, decision = bf16_sections(args.bf16)
+    print(decision, flush=True)
+    if dtype == torch.bfloat16 and not with_bf16:
+        parser.error(f"--dtype bfloat16 is a bf16 section: {decision}")
     cpu = _cpu_name()
     print(f"machine: {cpu}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
     print(
@@ -396,9 +443,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     for work in workloads:
         print_comparison(compare(lm, work, args.repeats))
 
-    with_bf16, why_not = half_sections(args.bf16)
-    if why_not:
-        print(f"\n{why_not}")
     if with_bf16:
         other = load_lm(args.model, torch.bfloat16 if dtype == torch.float32 else torch.float32)
         fp32, bf16 = (lm, other) if dtype == torch.float32 else (other, lm)

@@ -73,7 +73,13 @@ import numpy as np
 import torch
 
 from contllm.attribution import quadrature
-from contllm.attribution.path import CPU_GRAD_TOKENS, DurationPath, differentiable_rotary, window_crossings
+from contllm.attribution.path import (
+    CPU_GRAD_TOKENS,
+    CPU_PATH_BYTES,
+    DurationPath,
+    differentiable_rotary,
+    window_crossings,
+)
 from contllm.attribution.quadrature import MAX_STEPS, gauss_legendre_log
 from contllm.errors import SignalError
 from contllm.readout import TokenSets
@@ -81,6 +87,7 @@ from contllm.signal import Signal
 
 __all__ = [
     "CPU_GRAD_TOKENS",
+    "CPU_PATH_BYTES",
     "Attribution",
     "Readout",
     "attribute",
@@ -280,6 +287,7 @@ def attribute(
     smallest: float | None = None,
     rule: str = "placed",
     max_batch_tokens: int | None = None,
+    max_batch_bytes: int | None = None,
 ) -> Attribution:
     """Integrated gradients of ``readout`` at ``position`` along the duration path of ``tokens``.
 
@@ -292,9 +300,15 @@ def attribute(
     integrated for the deletion baseline, or None to pick it (see :func:`_lowest`). rule: "placed"
     (panels laid out from forward-only samples of f, then checked against f, see :func:`_placed`),
     "adaptive" (panels refined where the sum of the gradients integrates worst, see
-    :func:`_adaptive`) or "gauss" (one Gauss-Legendre rule over the whole range). max_batch_tokens:
-    rows x tokens of one differentiated forward (default :data:`CPU_GRAD_TOKENS` on the
-    CPU, 8 x that on an accelerator).
+    :func:`_adaptive`) or "gauss" (one Gauss-Legendre rule over the whole range).
+    max_batch_bytes: memory one forward along the path may hold (default :data:`CPU_PATH_BYTES`
+    on the CPU, half the free memory of a CUDA device), as
+    :func:`~contllm.attribution.path.row_bytes` estimates it: a differentiated row keeps every
+    layer's activations and its own copy of the prefix keys until its backward, so it sets how
+    many taus share a forward; only one forward's activations are alive at a time.
+    max_batch_tokens: also cap a forward at this many rows x tokens after the prefix (default
+    :data:`CPU_GRAD_TOKENS` on the CPU, 8 x that on an accelerator). How the taus are chunked
+    changes the numbers only by float rounding (a matmul's sums may run in another order).
 
     Tokens before the first attributed token (and before the read position) keep their
     durations and times all along the path: they run once, without gradients, and their
@@ -308,6 +322,9 @@ def attribute(
         raise SignalError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
     if smallest is not None and not (isinstance(smallest, float) and 0 < smallest < 1):
         raise SignalError(f"smallest must be None or a number in (0, 1), got {smallest!r}")
+    for name, budget in (("max_batch_tokens", max_batch_tokens), ("max_batch_bytes", max_batch_bytes)):
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1):
+            raise SignalError(f"{name} must be a positive integer or None, got {budget!r}")
     gauss_legendre_log(steps, 0.5)  # checks steps
     base_durations = signal.durations.clone()
     active = [j for j in chosen if base_durations[j] > 0]
@@ -317,7 +334,7 @@ def attribute(
             f"with the attributed tokens at duration {floor:g} x d, the read position {position} sees no token of "
             "positive duration: the baseline is undefined; leave an earlier token out of the set"
         )
-    path = DurationPath(lm, signal, readout, active, position, max_batch_tokens)
+    path = DurationPath(lm, signal, readout, active, position, max_batch_tokens, max_batch_bytes)
     # f at the ends and, for the deletion baseline, at the probes of the lowest tau: one batch without gradients.
     probes = PROBES if smallest is None else np.array([smallest])
     ends = path.values(np.concatenate([[1.0, float(floor)], probes if floor == 0 else []]))
@@ -448,5 +465,6 @@ def occlusion(
             return engine.probs(batch)  # type: ignore[return-value]  # last positions: one tensor [S, vocab]
 
     signals = [signal] + [signal.scale_tokens([j], c) for c in factors for j in chosen]
-    f = readout.from_probs(evaluate(signals))
+    with torch.no_grad():  # forwards only, whatever ``evaluate`` is: no graph is built
+        f = readout.from_probs(evaluate(signals))
     return float(f[0]), (f[0] - f[1:]).reshape(len(factors), len(chosen))

@@ -2,7 +2,9 @@
 
 :class:`DurationPath` evaluates a read-out along the path, batched over tau, with or without
 gradients of the log-durations; the tokens before the first attributed one (and before the
-read position) run once without gradients and their keys are reused.
+read position) run once without gradients and their keys are reused. Its forwards are
+chunked by memory (:func:`row_bytes` against :func:`path_bytes`): a differentiated row keeps
+every layer's activations for the backward, and every row its own copy of the prefix keys.
 :func:`differentiable_rotary` lets gradients reach float position ids through
 transformers' rotary embeddings where they compute under ``torch.no_grad()`` (earlier 5.x
 releases).
@@ -23,9 +25,18 @@ from contllm.attention import continuous_positions, model_masks
 from contllm.hooks import cache_keyword
 from contllm.signal import Signal
 
-#: Rows x tokens of one differentiated forward on the CPU (a backward keeps every
-#: layer's activations: about 2.5 MB per token on SmolLM2-135M).
+#: Rows x tokens after the prefix of one forward of the path on the CPU (8 x that on an
+#: accelerator) unless ``max_batch_tokens`` says otherwise; the memory budget below caps it too.
 CPU_GRAD_TOKENS = 1024
+
+#: Bytes one forward of the duration path may hold on the CPU, as :func:`row_bytes` estimates
+#: them. A differentiated row of a counting item (6 tokens after a 180-token prefix) holds
+#: about 45 MB on SmolLM2-135M, mostly its copy of the prefix keys, so this is 15 rows with
+#: gradients (the token cap alone allowed 170: 4 GB) and 74 without.
+CPU_PATH_BYTES = 768 << 20
+
+#: On a CUDA device the budget is this share of its free memory (at least :data:`CPU_PATH_BYTES`).
+ACCELERATOR_PATH_SHARE = 0.5
 
 
 def _no_grad_wrapped(function: Any) -> Any:
@@ -90,19 +101,80 @@ def _gradient_mode(lm: Any) -> Iterator[None]:
         yield
 
 
+def path_bytes(lm: Any) -> int:
+    """The default memory budget of one forward of the duration path on ``lm``'s device.
+
+    :data:`CPU_PATH_BYTES` on the CPU (and any device without memory statistics); on a CUDA
+    device :data:`ACCELERATOR_PATH_SHARE` of its free memory, at least :data:`CPU_PATH_BYTES`.
+    """
+    if lm.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(lm.device)
+        return max(CPU_PATH_BYTES, int(ACCELERATOR_PATH_SHARE * free))
+    return CPU_PATH_BYTES
+
+
+def row_bytes(lm: Any, width: int, keys: int, *, gradients: bool) -> int:
+    """Estimated bytes one row of a path forward holds at its peak: ``width`` tokens attending ``keys`` keys.
+
+    Per layer a row holds its keys and values (the prefix's copied into the row by the KV
+    cache), again once per query head where grouped-query attention repeats them, the
+    attention scores, mask and probabilities (3 x heads x width x keys) and about
+    12 x hidden + 5 x intermediate values per token, plus the read position's logits. With
+    ``gradients`` every layer's share stays until the backward; without, only the KV cache
+    of every layer does, the rest lives one layer at a time. Values are at least 4 bytes
+    (a half-precision model keeps its state in float32 here). Calibrated on SmolLM2-135M
+    (6 tokens over 186 keys: 50 MB estimated with gradients, 40-48 MB measured; 10 MB
+    without, 8 MB measured).
+    """
+    config = lm.model.config.get_text_config()
+    hidden = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    layers = int(config.num_hidden_layers)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    intermediate = int(getattr(config, "intermediate_size", None) or 4 * hidden)
+    vocab = int(config.vocab_size)
+    element = max(4, torch.finfo(lm.dtype).bits // 8)
+    kv = 2 * kv_heads * keys * head_dim
+    repeated = 2 * heads * keys * head_dim if heads != kv_heads else 0
+    scores = 3 * heads * width * keys
+    tokens = width * (12 * hidden + 5 * intermediate + 2 * (heads + 2 * kv_heads) * head_dim)
+    logits = 3 * 8 * vocab  # float64 log-probabilities and their gradient
+    if gradients:
+        return element * layers * (kv + repeated + scores + tokens) + logits
+    return element * (layers * kv + repeated + scores + 2 * tokens) + logits
+
+
 class DurationPath:
-    """The signal with its attributed tokens at duration tau x d, batched over tau, with a cached prefix."""
+    """The signal with its attributed tokens at duration tau x d, batched over tau, with a cached prefix.
+
+    Forwards are chunked so that each holds at most ``max_batch_bytes`` (None:
+    :func:`path_bytes`) by :func:`row_bytes` and at most ``max_batch_tokens`` rows x tokens
+    after the prefix (None: :data:`CPU_GRAD_TOKENS`, 8 x that on an accelerator): ``rows``
+    taus per differentiated forward, ``value_rows`` per forward without gradients.
+    """
 
     def __init__(
-        self, lm: Any, signal: Signal, readout: Any, active: list[int], position: int, max_batch_tokens: int | None
+        self,
+        lm: Any,
+        signal: Signal,
+        readout: Any,
+        active: list[int],
+        position: int,
+        max_batch_tokens: int | None,
+        max_batch_bytes: int | None = None,
     ) -> None:
         self.lm, self.signal, self.readout, self.active, self.position = lm, signal, readout, active, position
         n = len(signal)
         self.prefix = min([position, *active])
         self.width = n - self.prefix
+        budget = path_bytes(lm) if max_batch_bytes is None else int(max_batch_bytes)
         if max_batch_tokens is None:
             max_batch_tokens = CPU_GRAD_TOKENS if lm.device.type == "cpu" else 8 * CPU_GRAD_TOKENS
-        self.rows = max(1, int(max_batch_tokens) // self.width)
+        cap = int(max_batch_tokens) // self.width
+        self.rows, self.value_rows = (
+            max(1, min(cap, budget // row_bytes(lm, self.width, n, gradients=g))) for g in (True, False)
+        )
         self.explicit = signal.explicit_times is not None
         self._context: tuple[Any, torch.Tensor, torch.Tensor] | None = None
 
@@ -193,16 +265,22 @@ class DurationPath:
 
     # ------------------------------------------------------------ public
     def values(self, taus: np.ndarray) -> np.ndarray:
-        """f at each tau [T] (no gradients)."""
+        """f at each tau [T] (no gradients: no activation is kept), :attr:`value_rows` taus per forward."""
         out = []
         with _gradient_mode(self.lm), torch.no_grad():
-            for lo in range(0, len(taus), self.rows):
-                tau = torch.as_tensor(taus[lo : lo + self.rows], dtype=torch.float64)
+            for lo in range(0, len(taus), self.value_rows):
+                tau = torch.as_tensor(taus[lo : lo + self.value_rows], dtype=torch.float64)
                 out.append(self._read(self._durations(tau, None)).cpu().numpy())
         return np.concatenate(out)
 
     def gradients(self, taus: np.ndarray) -> np.ndarray:
-        """df/dlog d_j [T, active] at each tau."""
+        """df/dlog d_j [T, active] at each tau, :attr:`rows` taus per differentiated forward.
+
+        Only the log-durations of the active tokens require a gradient (the weights are
+        frozen, the prefix ran without gradients); each chunk's graph is freed by its
+        backward and its tensors are dropped before the next chunk runs, so at most one
+        chunk's activations are alive. Returns numpy: nothing of a graph leaves.
+        """
         d = self.signal.durations.to(torch.float64)[torch.tensor(self.active, dtype=torch.long)]
         out = []
         with _gradient_mode(self.lm):
@@ -211,7 +289,8 @@ class DurationPath:
                 log_active = (torch.log(tau)[:, None] + torch.log(d)[None]).requires_grad_(True)
                 f = self._read(self._durations(tau, log_active))
                 (grad,) = torch.autograd.grad(f.sum(), log_active)
-                out.append(grad.detach().cpu().numpy())
+                out.append(grad.cpu().numpy())
+                del f, grad, log_active
         return np.concatenate(out)
 
 

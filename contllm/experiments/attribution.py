@@ -23,8 +23,8 @@ import numpy as np
 from contllm import registry
 from contllm.attribution import DEFAULT_STEPS, MAX_STEPS, RULES, Readout, attribute, occlusion
 from contllm.errors import ExperimentError
-from contllm.experiments.base import Experiment, Metric, Records, RunContext, Table
-from contllm.experiments.options import Option
+from contllm.experiments.base import Experiment, Metric, RunContext, Table, option_table
+from contllm.experiments.records import ItemRecords, Record
 
 #: The datasets whose items can be attributed (each is also an experiment).
 DATASETS = ("counting", "events")
@@ -92,7 +92,7 @@ class AttributionConfig:
 
 
 @dataclass
-class ItemAttribution:
+class ItemAttribution(Record, what="attribution record"):
     """One item: its prompt's tokens and, for each attributed token, the three measures.
 
     text, offsets: the prompt and each token's character span. tokens: the attributed
@@ -146,59 +146,15 @@ class ItemAttribution:
         """precision@k of a random ranking: the span's share of the attributed tokens."""
         return float(np.isin(self.tokens, self.span).mean())
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "item_id": self.item_id,
-            "readout": self.readout,
-            "text": self.text,
-            "offsets": [list(o) for o in self.offsets],
-            "tokens": list(self.tokens),
-            "attribution": [float(v) for v in self.attribution],
-            "occlusion": [float(v) for v in self.occlusion],
-            "shrink": [float(v) for v in self.shrink],
-            "span": list(self.span),
-            "full": self.full,
-            "baseline": self.baseline,
-            "start": self.start,
-            "steps": self.steps,
-            "floor": self.floor,
-            "truth": self.truth,
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ItemAttribution:
-        try:
-            record = cls(
-                item_id=str(data["item_id"]),
-                readout=str(data["readout"]),
-                text=str(data["text"]),
-                offsets=[(int(a), int(b)) for a, b in data["offsets"]],
-                tokens=[int(i) for i in data["tokens"]],
-                attribution=np.asarray(data["attribution"], dtype=np.float64),
-                occlusion=np.asarray(data["occlusion"], dtype=np.float64),
-                shrink=np.asarray(data["shrink"], dtype=np.float64),
-                span=[int(i) for i in data["span"]],
-                full=float(data["full"]),
-                baseline=float(data["baseline"]),
-                start=float(data["start"]),
-                steps=int(data["steps"]),
-                floor=float(data["floor"]),
-                truth=data.get("truth"),
-                meta=dict(data.get("meta") or {}),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ExperimentError(f"malformed attribution record: {exc}") from None
-        k = len(record.tokens)
-        if not (len(record.attribution) == len(record.occlusion) == len(record.shrink) == k):
+    def check_loaded(self) -> None:
+        k = len(self.tokens)
+        if not (len(self.attribution) == len(self.occlusion) == len(self.shrink) == k):
             raise ExperimentError(
-                f"malformed attribution record {record.item_id}: {k} tokens but values of other lengths"
+                f"malformed attribution record {self.item_id}: {k} tokens but values of other lengths"
             )
-        return record
 
 
-@dataclass
-class AttributionResult(Records[ItemAttribution], record=ItemAttribution, key="items", one="item"):
+class AttributionResult(ItemRecords[ItemAttribution], record=ItemAttribution):
     """Every item's attributions from one run (``items``), with the configuration that made it."""
 
 
@@ -264,7 +220,7 @@ def line_start(text: str, offsets: Sequence[tuple[int, int]], position: int) -> 
     return 1
 
 
-class AttributionExperiment(Experiment):
+class AttributionExperiment(Experiment[ItemAttribution, AttributionResult]):
     name = "attribution"
     help = "Which tokens the count depends on: integrated gradients along the duration path, occlusion and shrink."
     description = (
@@ -275,52 +231,28 @@ class AttributionExperiment(Experiment):
         "beside it. Item ids are the dataset's (count-001, story-001, ...); --first N takes its first N items."
     )
     Config = AttributionConfig
-    options = (
-        Option("dataset", "str", "Items and prompts of this experiment: counting or events. [default: counting]"),
-        Option("data", "str", "Dataset file for the --dataset experiment (where it takes --data). [default: built-in]"),
-        Option("template", "str", "Prompt template of the --dataset experiment. [default: its own]"),
-        Option("chat", "bool", "Wrap prompts in the model's chat template.", flag="--chat/--no-chat"),
-        Option(
-            "tokens",
-            "str",
-            "Tokens to attribute: item (from the line holding the span on) or all (all but the first). [default: item]",
-        ),
-        Option(
-            "readout",
-            "str",
-            "What is attributed: count (E[k] over the digits), truth (P(true count)) or log-truth. [default: count]",
-        ),
-        Option(
-            "steps", "int", f"Gradient evaluations along the duration path (8-{MAX_STEPS}). [default: {DEFAULT_STEPS}]"
-        ),
-        Option(
-            "rule",
-            "str",
-            "Quadrature along the path: placed (panels laid out from forward-only samples of f, then checked against f), adaptive or gauss. [default: placed]",
-        ),
-        Option(
-            "floor",
-            "float",
-            "Start of the path as a duration factor: 0 deletes the tokens (baseline), else in (0, 1). [default: 0]",
-        ),
-        Option(
-            "first", "int", "Items: the dataset's first N (balanced over category/kind and n); 0 for all. [default: 8]"
-        ),
+    options = option_table(
+        f"""
+        dataset   str                      Items and prompts of this experiment: counting or events. [default: counting]
+        data      str                      Dataset file for the --dataset experiment (where it takes --data). [default: built-in]
+        template  str                      Prompt template of the --dataset experiment. [default: its own]
+        chat      bool   --chat/--no-chat  Wrap prompts in the model's chat template.
+        tokens    str                      Tokens to attribute: item (from the line holding the span on) or all (all but the first). [default: item]
+        readout   str                      What is attributed: count (E[k] over the digits), truth (P(true count)) or log-truth. [default: count]
+        steps     int                      Gradient evaluations along the duration path (8-{MAX_STEPS}). [default: {DEFAULT_STEPS}]
+        rule      str                      Quadrature along the path: placed (panels laid out from forward-only samples of f, then checked against f), adaptive or gauss. [default: placed]
+        floor     float                    Start of the path as a duration factor: 0 deletes the tokens (baseline), else in (0, 1). [default: 0]
+        first     int                      Items: the dataset's first N (balanced over category/kind and n); 0 for all. [default: 8]
+        """
     )
     engine = shardable = True
     result_type = AttributionResult
-    metrics = (
-        Metric(
-            "max_completeness_error",
-            "lower",
-            "largest |sum of attributions - (f(prompt) - f(baseline))| relative to |f(prompt) - f(baseline)|",
-        ),
-        Metric("mean_completeness_error", "lower", "the same, mean over items"),
-        Metric(
-            "mean_precision_attribution",
-            "higher",
-            "share of the k tokens of largest |attribution| inside the scaled span (k: its tokens), mean over items",
-        ),
+    metrics = Metric.table(
+        """
+        max_completeness_error      lower   largest |sum of attributions - (f(prompt) - f(baseline))| relative to |f(prompt) - f(baseline)|
+        mean_completeness_error     lower   the same, mean over items
+        mean_precision_attribution  higher  share of the k tokens of largest |attribution| inside the scaled span (k: its tokens), mean over items
+        """
     )
 
     def items(self, config: AttributionConfig) -> Sequence[Any]:

@@ -152,6 +152,83 @@ def test_the_placed_rule_keeps_completeness_and_counts_its_forwards(lm64: Contin
     assert found.completeness_error <= 1e-4, found.completeness_error
 
 
+def test_a_small_memory_budget_chunks_the_path_and_changes_no_attribution(lm64: ContinuousLM) -> None:
+    from contllm.attribution.path import DurationPath, row_bytes
+
+    signal, readout = random_signal(), Readout.expectation(SETS)
+    # A differentiated row keeps every layer's activations; without gradients only the KV cache stays.
+    assert row_bytes(lm64, 11, 12, gradients=True) > row_bytes(lm64, 11, 12, gradients=False) > 0
+    assert row_bytes(lm64, 11, 24, gradients=True) > row_bytes(lm64, 11, 12, gradients=True)
+    one_row = 2 * row_bytes(lm64, 11, 12, gradients=True) - 1
+    path = DurationPath(lm64, signal, readout, list(range(1, 12)), 11, None, max_batch_bytes=one_row)
+    assert path.rows == 1 and path.value_rows >= 2
+    assert DurationPath(lm64, signal, readout, list(range(1, 12)), 11, 33, max_batch_bytes=1 << 40).rows == 3
+
+    batches: list[tuple[int, bool]] = []
+
+    def record(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        batches.append((int(kwargs["inputs_embeds"].shape[0]), torch.is_grad_enabled()))
+
+    hook = lm64.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        small = attribute(lm64, signal, readout, steps=16, rule="gauss", max_batch_bytes=one_row)
+        sizes = {grad: max(b for b, g in batches if g == grad) for grad in (True, False)}
+        assert sizes[True] == 1 and 1 < sizes[False] <= path.value_rows  # one tau per differentiated forward
+        batches.clear()
+        big = attribute(lm64, signal, readout, steps=16, rule="gauss", max_batch_bytes=1 << 40)
+        assert max(b for b, g in batches if g) == 16  # every node in one forward
+    finally:
+        hook.remove()
+    # Other chunks sum in another order: the same numbers to float64 rounding.
+    assert small.meta == big.meta and small.smallest == big.smallest
+    assert small.full == pytest.approx(big.full, rel=1e-13) and small.baseline == pytest.approx(big.baseline, rel=1e-13)
+    assert np.allclose(small.attributions, big.attributions, rtol=1e-10, atol=1e-13)
+    with pytest.raises(SignalError, match="max_batch_bytes"):
+        attribute(lm64, signal, readout, max_batch_bytes=0)
+
+
+def test_the_path_keeps_no_graph_and_occlusion_builds_none(lm64: ContinuousLM) -> None:
+    import gc
+    import weakref
+
+    from contllm.attribution.path import DurationPath
+
+    signal, readout = random_signal(), Readout.expectation(SETS)
+    path = DurationPath(lm64, signal, readout, list(range(1, 12)), 11, None, max_batch_bytes=1)  # one tau a forward
+    gate = lm64.model.model.layers[0].mlp.gate_proj  # its output is saved for the backward (by SiLU)
+    outputs: list[weakref.ref] = []
+    alive_at_start: list[int] = []
+
+    def keep(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+        alive_at_start.append(sum(ref() is not None for ref in outputs))
+        outputs.append(weakref.ref(output))
+
+    hook = gate.register_forward_hook(keep)
+    try:
+        taus = np.exp(np.linspace(-4, 0, 5))
+        values = path.values(taus)
+        grads = path.gradients(taus)
+    finally:
+        hook.remove()
+    gc.collect()
+    # The prefix once, then 5 forwards without and 5 with gradients: each chunk's activations were
+    # gone before the next chunk ran, and none outlives the call.
+    assert len(outputs) == 11 and alive_at_start == [0] * 11
+    assert all(ref() is None for ref in outputs)
+    assert isinstance(values, np.ndarray) and isinstance(grads, np.ndarray) and grads.shape == (5, 11)
+    assert path._context is not None and all(
+        not t.requires_grad for layer_cache in path._context[0].layers for t in (layer_cache.keys, layer_cache.values)
+    )
+    assert all(p.requires_grad for p in lm64.model.parameters())  # frozen only while the path ran
+
+    def evaluate(batch: list[Signal]) -> torch.Tensor:
+        assert not torch.is_grad_enabled()
+        return lm64.probs(batch)  # type: ignore[return-value]
+
+    with torch.enable_grad():
+        occlusion(lm64, signal, readout, [3, 4], evaluate=evaluate)
+
+
 def test_the_log_tau_rule_integrates_exactly_where_it_should() -> None:
     tau, w = gauss_legendre_log(16, 1e-6)
     assert np.all((tau > 1e-6) & (tau < 1)) and w.sum() == pytest.approx(-np.log(1e-6))
@@ -203,7 +280,8 @@ def full_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from contllm.runner import run
 
     lm = ContinuousLM(tiny_model("llama"), word_tokenizer())
-    return run("attribution", options=OPTIONS, lm=lm, model="tiny-llama", out=tmp_path_factory.mktemp("attr") / "run")
+    return run("attribution", options=OPTIONS, lm=lm, model="tiny-llama", out=tmp_path_factory.mktemp("attr") / "run",
+               formats="png,pdf")
 
 
 def test_a_run_writes_tables_summary_figures_and_html(full_run: Path) -> None:
