@@ -38,7 +38,7 @@ import torch
 from contllm import precision
 from contllm.chunks import plan
 from contllm.errors import SignalError
-from contllm.families import decoder_layers, final_norm
+from contllm.families import decoder_layers, final_norm, sizes
 from contllm.precision import float32_readout, float32_state
 from contllm.prefix import SharedPrefix, slice_signal
 from contllm.signal import Signal, SignalBatch, pad_signals
@@ -322,16 +322,11 @@ def default_batch_tokens(lm: EvaluatedModel) -> int:
     device = lm.device
     if device.type != "cuda":
         return CPU_BATCH_TOKENS
-    config = lm.model.config.get_text_config()
-    hidden = int(config.hidden_size)
-    heads = int(config.num_attention_heads)
-    layers = int(config.num_hidden_layers)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-    intermediate = int(getattr(config, "intermediate_size", None) or 4 * hidden)
+    size = sizes(lm)
     element = torch.finfo(lm.dtype).bits // 8
     per_token = (
-        element * (2 * layers * kv_heads * head_dim + 8 * hidden + 4 * intermediate) + 4 * heads * _ASSUMED_KEY_WIDTH
+        element * (2 * size.layers * size.kv_heads * size.head_dim + 8 * size.hidden + 4 * size.intermediate)
+        + 4 * size.heads * _ASSUMED_KEY_WIDTH
     )
     free, _ = torch.cuda.mem_get_info(device)
     return int(min(max(_ACCELERATOR_MEMORY_SHARE * free / per_token, 1024), 1 << 20))

@@ -251,3 +251,32 @@ def head_counts(config: Any) -> tuple[int, int]:
         raise UnsupportedModelError(f"{family.name}: config.{family.heads} is {heads!r}, not a head count")
     kv_heads = getattr(config, family.kv_heads, None) if family.kv_heads else None
     return heads, int(kv_heads) if kv_heads else heads
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes a memory estimate needs, read from a model's text config."""
+
+    hidden: int
+    heads: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+
+def sizes(lm: Any) -> Sizes:
+    """:class:`Sizes` of ``lm.model``'s text config (missing key/value heads: the query heads; head width: hidden / heads)."""
+    config = lm.model.config.get_text_config()
+    hidden = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    return Sizes(
+        hidden=hidden,
+        heads=heads,
+        layers=int(config.num_hidden_layers),
+        kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
+        intermediate=int(getattr(config, "intermediate_size", None) or 4 * hidden),
+        vocab=int(config.vocab_size),
+    )

@@ -22,6 +22,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from contllm.attention import continuous_positions, model_masks
+from contllm.families import sizes
 from contllm.hooks import cache_keyword
 from contllm.signal import Signal
 
@@ -126,23 +127,16 @@ def row_bytes(lm: Any, width: int, keys: int, *, gradients: bool) -> int:
     (6 tokens over 186 keys: 50 MB estimated with gradients, 40-48 MB measured; 10 MB
     without, 8 MB measured).
     """
-    config = lm.model.config.get_text_config()
-    hidden = int(config.hidden_size)
-    heads = int(config.num_attention_heads)
-    layers = int(config.num_hidden_layers)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-    intermediate = int(getattr(config, "intermediate_size", None) or 4 * hidden)
-    vocab = int(config.vocab_size)
+    size = sizes(lm)
     element = max(4, torch.finfo(lm.dtype).bits // 8)
-    kv = 2 * kv_heads * keys * head_dim
-    repeated = 2 * heads * keys * head_dim if heads != kv_heads else 0
-    scores = 3 * heads * width * keys
-    tokens = width * (12 * hidden + 5 * intermediate + 2 * (heads + 2 * kv_heads) * head_dim)
-    logits = 3 * 8 * vocab  # float64 log-probabilities and their gradient
+    kv = 2 * size.kv_heads * keys * size.head_dim
+    repeated = 2 * size.heads * keys * size.head_dim if size.heads != size.kv_heads else 0
+    scores = 3 * size.heads * width * keys
+    tokens = width * (12 * size.hidden + 5 * size.intermediate + 2 * (size.heads + 2 * size.kv_heads) * size.head_dim)
+    logits = 3 * 8 * size.vocab  # float64 log-probabilities and their gradient
     if gradients:
-        return element * layers * (kv + repeated + scores + tokens) + logits
-    return element * (layers * kv + repeated + scores + 2 * tokens) + logits
+        return element * size.layers * (kv + repeated + scores + tokens) + logits
+    return element * (size.layers * kv + repeated + scores + 2 * tokens) + logits
 
 
 class DurationPath:

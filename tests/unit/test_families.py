@@ -99,3 +99,34 @@ def test_a_bare_base_model_is_accepted() -> None:
     model = tiny_model("gpt2")
     assert decoder_layers(model.transformer) is model.transformer.h
     assert final_norm(model.transformer) is model.transformer.ln_f
+
+
+def test_sizes_read_the_text_config_with_its_defaults() -> None:
+    from types import SimpleNamespace
+
+    from transformers import GPT2Config, LlamaConfig
+
+    from contllm.families import sizes
+
+    llama = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        num_hidden_layers=3,
+        intermediate_size=96,
+        vocab_size=300,
+        head_dim=16,
+    )
+    got = sizes(SimpleNamespace(model=SimpleNamespace(config=llama)))
+    assert (got.hidden, got.heads, got.kv_heads, got.layers, got.head_dim, got.intermediate, got.vocab) == (
+        64,
+        8,
+        2,
+        3,
+        16,
+        96,
+        300,
+    )
+    gpt2 = GPT2Config(n_embd=48, n_head=4, n_layer=2, vocab_size=100)  # no kv heads, head width or MLP width given
+    got = sizes(SimpleNamespace(model=SimpleNamespace(config=gpt2)))
+    assert (got.kv_heads, got.head_dim, got.intermediate) == (4, 12, 4 * 48)
