@@ -44,7 +44,8 @@ def lm() -> ContinuousLM:
 def full_run(lm: ContinuousLM, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from contllm.runner import run
 
-    return run("pde", options=OPTIONS, lm=lm, model="tiny-llama", out=tmp_path_factory.mktemp("pde") / "run")
+    out = tmp_path_factory.mktemp("pde") / "run"
+    return run("pde", options=OPTIONS, lm=lm, model="tiny-llama", out=out, formats="png,pdf")
 
 
 def records_of(path: Path) -> dict[str, dict]:
