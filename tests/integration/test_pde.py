@@ -106,7 +106,7 @@ def test_continuous_durations_and_hidden_smoothing_on_a_real_model(smollm: Conti
 def test_a_small_run_writes_its_directory_and_figures(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     lm = request.getfixturevalue(name)
     out = tmp_path / "run"
-    path = run("pde", model=name, out=out, config=SMALL, lm=lm)
+    path = run("pde", model=name, out=out, config=SMALL, lm=lm, formats="png,pdf")
     assert path == out
     for file in ("config.json", "manifest.json", "results.json", "results.csv", "profiles.csv", "summary.json"):
         assert (out / file).is_file(), file
