@@ -36,6 +36,10 @@ class Family:
     mlp: name of the feed-forward (MLP) submodule inside one decoder layer.
     attention_output: name of the output projection inside the attention module (its
         input is the heads' outputs side by side, [..., heads x head_dim]).
+    float32_projections: names of the query and key projections inside the attention
+        module (a fused query/key/value projection where the family has one), which
+        :func:`contllm.precision.float32_state` runs in float32 for a half-precision
+        model: the attention logits are where bfloat16 rounding moves the outputs most.
     heads, kv_heads: config attributes of the query and key/value head counts; a family
         without grouped queries has kv_heads None (as many key/value heads as queries).
     notes: quirks worth knowing, shown in docs and errors.
@@ -52,6 +56,7 @@ class Family:
     attention: str = "self_attn"
     mlp: str = "mlp"
     attention_output: str = "o_proj"
+    float32_projections: tuple[str, ...] = ("q_proj", "k_proj")
     heads: str = "num_attention_heads"
     kv_heads: str | None = "num_key_value_heads"
     notes: str = ""
@@ -75,7 +80,13 @@ FAMILIES: tuple[Family, ...] = (
         notes="separate rotary bases for local and global layers; local layers slide",
     ),
     Family("phi", ("phi",), norm="model.final_layernorm", attention_output="dense", notes="partial rotary"),
-    Family("phi3", ("phi3",), windows="config", notes="long-context rope picks frequencies from max(position) + 1"),
+    Family(
+        "phi3",
+        ("phi3",),
+        windows="config",
+        float32_projections=("qkv_proj",),
+        notes="long-context rope picks frequencies from max(position) + 1",
+    ),
     Family("qwen2", ("qwen2",), windows="layer_types"),
     Family("qwen3", ("qwen3",), windows="layer_types"),
     Family(
@@ -85,6 +96,7 @@ FAMILIES: tuple[Family, ...] = (
         norm="gpt_neox.final_layer_norm",
         attention="attention",
         attention_output="dense",
+        float32_projections=("query_key_value",),
         kv_heads=None,
         notes="partial rotary",
     ),
@@ -97,6 +109,7 @@ FAMILIES: tuple[Family, ...] = (
         norm="transformer.ln_f",
         attention="attn",
         attention_output="c_proj",
+        float32_projections=("c_attn",),
         heads="n_head",
         kv_heads=None,
     ),
