@@ -42,12 +42,17 @@ from transformers.pytorch_utils import Conv1D
 
 from contllm.attention import attention_modules, stock_eager, switched_attention
 from contllm.errors import UnsupportedModelError
+from contllm.families import family_of
 
 #: The name under which the float32 attention is registered with transformers.
 IMPLEMENTATION = "contllm_float32"
 
 #: Modules whose weight enters a matmul: they keep their dtype and get inputs cast to it.
 MATMUL_MODULES: tuple[type[nn.Module], ...] = (nn.Linear, Conv1D)
+
+#: Whether :func:`float32_state` keeps the family's query and key projections in float32
+#: when it is not told (the engine's setting; False: every matmul in half precision).
+FLOAT32_PROJECTIONS = True
 
 #: Largest float32 block of the vocabulary projection cast at once by :func:`float32_readout`.
 _HEAD_BLOCK_BYTES = 64 << 20
@@ -153,9 +158,34 @@ def _float32_parameters(module: nn.Module, stack: ExitStack) -> None:
         stack.callback(module._parameters.__setitem__, name, param)
 
 
+def projection_modules(model: Any) -> list[nn.Module]:
+    """The query and key projections of every layer (the family's ``float32_projections``), in layer order.
+
+    A fused query/key/value projection is one module per layer. UnsupportedModelError
+    when a layer's attention module lacks one or it is not a matmul module.
+    """
+    family = family_of(model)
+    found = []
+    for index, attention in enumerate(attention_modules(model)):
+        for name in family.float32_projections:
+            module = getattr(attention, name, None)
+            if not isinstance(module, MATMUL_MODULES):
+                raise UnsupportedModelError(
+                    f"{family.name}: the attention module of layer {index} ({type(attention).__name__}) has no "
+                    f"matmul module {name!r} (the family's float32_projections); its submodules are "
+                    f"{', '.join(n for n, _ in attention.named_children())}"
+                )
+            found.append(module)
+    return found
+
+
 @contextmanager
-def float32_state(lm: Any) -> Iterator[None]:
+def float32_state(lm: Any, *, float32_projections: bool | None = None) -> Iterator[None]:
     """Run a half-precision ``lm`` (a ContinuousLM) with half-precision matmuls and everything else in float32.
+
+    float32_projections: also run the query and key projections (:func:`projection_modules`)
+        in float32, on float32 copies of their weights; None reads
+        :data:`FLOAT32_PROJECTIONS`. False leaves every matmul in half precision.
 
     A float32 model is left as it is. Nesting on the same model is a no-op.
     """
@@ -165,10 +195,14 @@ def float32_state(lm: Any) -> Iterator[None]:
         yield
         return
     modules = attention_modules(model)
+    keep = FLOAT32_PROJECTIONS if float32_projections is None else float32_projections
+    in_float32 = {id(m) for m in projection_modules(model)} if keep else set()
     cast = _InputCast()
     with ExitStack() as stack:
         for module in model.modules():
-            if isinstance(module, MATMUL_MODULES):
+            if id(module) in in_float32:
+                _float32_parameters(module, stack)
+            elif isinstance(module, MATMUL_MODULES):
                 stack.callback(module.register_forward_pre_hook(cast).remove)
             elif not isinstance(module, nn.Embedding):
                 _float32_parameters(module, stack)

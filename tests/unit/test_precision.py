@@ -42,7 +42,9 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_state_is_float32_between_half_precision_matmuls(family: str, impl: str) -> None:
     lm = half_lm(family, impl)
     seen: dict[str, set[torch.dtype]] = {"layer inputs": set(), "matmul inputs": set(), "matmul weights": set()}
-    with lm.patched(), float32_state(lm):
+    # Every matmul in bfloat16 here; the float32 query/key projections are checked in
+    # tests/unit/test_precision_projections.py.
+    with lm.patched(), float32_state(lm, float32_projections=False):
         assert lm.state_dtype == torch.float32 and lm.dtype == torch.bfloat16
         handles = []
         for module in lm.model.modules():
