@@ -22,6 +22,7 @@ float rounding (about 1e-6 in float32), not bitwise.
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 import sys
@@ -51,6 +52,11 @@ Positions = Literal["last", "all"] | int | Sequence[int]
 #: CPU with SmolLM2-135M: budgets from 2048 to 16384 ran at the same rate within noise
 #: (1024 was ~15% slower), and 8192 kept the process under ~2 GB resident, model included.
 CPU_BATCH_TOKENS = 8192
+
+#: The time origin of a chunk is a multiple of this (see :func:`time_origin`): read
+#: positions then stay below 16 plus the chunk's spread, where float32 has an ulp of at
+#: most 1.9e-6 (up to 32) instead of 1.5e-5 near 180.
+ORIGIN_STEP = 16
 
 #: Share of the free accelerator memory that one chunk may take by the estimate below.
 _ACCELERATOR_MEMORY_SHARE = 0.5
@@ -138,6 +144,7 @@ class EvaluatedModel(Protocol):
         context: Context | None = ...,
         use_cache: bool = ...,
         prefix: Any = ...,
+        origin: float = ...,
     ) -> tuple[torch.Tensor, Context | None]:
         """One forward of a padded batch."""
 
@@ -179,6 +186,16 @@ class Engine:
         about half the distance to the float32 model of running it as stock, at nearly
         the same speed). False runs the model wholly in its own dtype. A float32 model is
         unaffected.
+    move_origin: on a model that sees positions only through their differences
+        (``lm.relative_positions``: rotary families with fixed frequencies), evaluate each
+        chunk with its time origin at its earliest read time, rounded down to a multiple
+        of :data:`ORIGIN_STEP` (:func:`time_origin`), instead of at 0: exact in exact arithmetic, and float32
+        positions near the read position are finer (a position near 180 has an ulp of
+        1.5e-5, which rounds every fractional time by up to 7.6e-6; near 10, 9.5e-7).
+        Chunks that reuse a shared prefix take the origin it was computed with. False
+        keeps position ids equal to the times. Learned position tables, Phi-3's
+        long-context rope and dynamic rope always run at origin 0, as do
+        ``positions="all"`` reads.
 
     A half-precision model's read positions are projected onto the vocabulary in float32
     (see :func:`contllm.precision.float32_readout`). After each call, ``last_stats``
@@ -192,6 +209,7 @@ class Engine:
         max_batch_tokens: int | None = None,
         prefix_cache: bool = True,
         float32_state: bool = True,
+        move_origin: bool = True,
     ) -> None:
         if not callable(getattr(lm, "forward_batch", None)) or not callable(getattr(lm, "patched", None)):
             raise TypeError(f"Engine needs a ContinuousLM, got {type(lm).__name__}")
@@ -201,12 +219,13 @@ class Engine:
         self.max_batch_tokens = max_batch_tokens if max_batch_tokens is not None else default_batch_tokens(lm)
         self.prefix_cache = prefix_cache
         self.float32_state = float32_state
+        self.move_origin = move_origin
         self.last_stats: EngineStats | None = None
 
     def __repr__(self) -> str:
         return (
             f"Engine({self.lm!r}, max_batch_tokens={self.max_batch_tokens}, prefix_cache={self.prefix_cache}, "
-            f"float32_state={self.float32_state})"
+            f"float32_state={self.float32_state}, move_origin={self.move_origin})"
         )
 
     # ------------------------------------------------------------------ public
@@ -287,30 +306,45 @@ class Engine:
         n = len(chunk)
         prefix = None
         computed = False
+        moved = self.move_origin and positions != "all" and bool(getattr(lm, "relative_positions", False))
+        origin = time_origin(chunk, reads) if moved else 0.0
         if p > 0:
             computed = reusable is None or not reusable.serves(chunk[0], p, lm)
-            reusable = SharedPrefix.compute(lm, chunk[0], p) if computed else reusable
+            reusable = SharedPrefix.compute(lm, chunk[0], p, origin) if computed else reusable
             assert reusable is not None
             prefix = reusable.keys
+            origin = reusable.origin
         rests = [slice_signal(s, p) for s in chunk]
         batch = pad_signals(rests, side="left")
         pad = [int(x) for x in batch.pad_left]
         stats = ChunkStats(n, p, computed, batch.width, tuple(len(s) for s in rests))
         if positions == "last":
-            logits, _ = lm.forward_batch(batch, logits_to_keep=1, prefix=prefix)
+            logits, _ = lm.forward_batch(batch, logits_to_keep=1, prefix=prefix, origin=origin)
             return list(logits[:, -1].float().cpu()), reusable, stats
         if positions == "all":
-            logits, _ = lm.forward_batch(batch, logits_to_keep=0, prefix=prefix)
+            logits, _ = lm.forward_batch(batch, logits_to_keep=0, prefix=prefix, origin=origin)
             return [logits[r, pad[r] :].float().cpu() for r in range(n)], reusable, stats
         # Columns of the padded batch that hold each signal's read positions.
         columns = torch.tensor([[pad[r] + i - p for i in row] for r, row in enumerate(reads)], dtype=torch.long)
         keep = torch.unique(columns)
-        logits, _ = lm.forward_batch(batch, logits_to_keep=keep.to(lm.device), prefix=prefix)
+        logits, _ = lm.forward_batch(batch, logits_to_keep=keep.to(lm.device), prefix=prefix, origin=origin)
         picked = logits.float().cpu()[torch.arange(n)[:, None], torch.searchsorted(keep, columns)]
         return list(picked[:, 0] if isinstance(positions, int) else picked), reusable, stats
 
 
 # ---------------------------------------------------------------------- helpers
+def time_origin(signals: Sequence[Signal], reads: Sequence[Sequence[int]]) -> float:
+    """The time origin of a chunk: its earliest read time, rounded down to a multiple of :data:`ORIGIN_STEP`.
+
+    Integer times stay integers (exact in float32) after the move, and the read
+    positions land in [0, ORIGIN_STEP + the spread of the chunk's read times). The
+    coarse step gives signals read at nearby times the same origin whichever chunk they
+    fall in, so a batch and its signals run one by one round their positions alike.
+    """
+    earliest = min(float(s.times[i]) for s, row in zip(signals, reads) for i in row)
+    return float(ORIGIN_STEP * math.floor(earliest / ORIGIN_STEP))
+
+
 def default_batch_tokens(lm: EvaluatedModel) -> int:
     """The chunk budget (rows x padded width) used when none is given.
 

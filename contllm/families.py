@@ -164,6 +164,33 @@ def layer_windows(family: Family, config: Any) -> dict[str, float | None] | floa
     return out
 
 
+#: Rotary kinds whose frequencies are fixed by the config alone, so attention depends only
+#: on differences of positions. "dynamic" and "longrope" choose frequencies from the
+#: largest position seen, so moving every position by a constant changes them.
+STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+
+
+def _rope_types(config: Any) -> list[str]:
+    """Every ``rope_type`` in a config's rotary parameters (one dict, or one per layer type)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(params, dict):
+        return ["unknown"]
+    tables = [p for p in params.values() if isinstance(p, dict)] or [params]
+    return [str(p.get("rope_type", p.get("type", "default"))) for p in tables]
+
+
+def relative_positions(family: Family, config: Any) -> bool:
+    """Whether the model sees positions only through their differences.
+
+    True for a rotary family whose every rotary kind is in :data:`STATIC_ROPE_TYPES`:
+    adding a constant to every position id leaves its outputs unchanged in exact
+    arithmetic, so the engine may move the time origin to where float32 positions are
+    finest. False for learned position tables and for rotary kinds that pick their
+    frequencies from the largest position (Phi-3's long-context rope, dynamic scaling).
+    """
+    return family.positions == "rotary" and all(t in STATIC_ROPE_TYPES for t in _rope_types(config))
+
+
 def model_of(model: Any) -> nn.Module:
     """The transformers model itself, given it or anything holding it as ``.model`` (a ContinuousLM)."""
     if isinstance(model, nn.Module):

@@ -59,19 +59,25 @@ class SharedKeys:
 
 @dataclass
 class SharedPrefix:
-    """A shared prefix run once with batch size 1: its source signal, its length and its keys."""
+    """A shared prefix run once with batch size 1: its source signal, its length, its keys and their time origin.
+
+    origin: the time subtracted from the prefix's position ids (see
+    :meth:`ContinuousLM.forward_batch <contllm.lm.ContinuousLM.forward_batch>`); every row
+    that attends to these keys must use the same one.
+    """
 
     source: Signal
     length: int
     keys: SharedKeys
+    origin: float = 0.0
 
     @classmethod
-    def compute(cls, lm: Any, source: Signal, length: int) -> SharedPrefix:
-        """Run the first ``length`` tokens of ``source`` and keep every layer's keys and values."""
+    def compute(cls, lm: Any, source: Signal, length: int, origin: float = 0.0) -> SharedPrefix:
+        """Run the first ``length`` tokens of ``source`` (positions moved by ``origin``) and keep every layer's keys and values."""
         head = slice_signal(source, 0, length)
         # No position of the prefix is read: project none of them onto the vocabulary.
         no_columns = torch.empty(0, dtype=torch.long, device=lm.device)
-        _, context = lm.forward_batch(pad_signals([head]), logits_to_keep=no_columns, use_cache=True)
+        _, context = lm.forward_batch(pad_signals([head]), logits_to_keep=no_columns, use_cache=True, origin=origin)
         assert context is not None
         modules = attention_modules(lm.model)
         layers = context.cache.layers
@@ -90,7 +96,7 @@ class SharedPrefix:
         keys = SharedKeys(
             {m: (layer.keys, layer.values) for m, layer in zip(modules, layers)}, context.times, context.durations
         )
-        return cls(source, length, keys)
+        return cls(source, length, keys, origin)
 
     def serves(self, signal: Signal, length: int, lm: Any) -> bool:
         """Whether this prefix is the first ``length`` tokens of ``signal``."""
