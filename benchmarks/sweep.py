@@ -69,7 +69,7 @@ from typing import Any
 
 import torch
 
-from contllm import ContinuousLM, Signal, pad_signals
+from contllm import ContinuousLM, Signal, pad_signals, precision
 from contllm.engine import Engine, EngineStats
 from contllm.hardware import HALF_WORTH_IT, cpu_capability, describe, half_precision_pays
 
@@ -352,15 +352,24 @@ def compare_dtypes(fp32: ContinuousLM, bf16: ContinuousLM, works: Sequence[Workl
     "bf16" is the engine's default for a bfloat16 model: bf16 matmuls around a float32
     state (``contllm.precision.float32_state``). For scale, the same engine with the model
     wholly in bf16 (``float32_state=False``) and the bf16 model run the plain way
-    (``lm.probs``, one signal at a time, logits in bf16) are given too.
+    (``lm.probs``, one signal at a time, logits in bf16) are given too, and the engine's
+    error ratio and time without its float32 query/key projections
+    (``contllm.precision.FLOAT32_PROJECTIONS`` off: every matmul in bf16).
     """
     lines = []
     engines = {"fp32": Engine(fp32), "bf16": Engine(bf16), "bf16 whole": Engine(bf16, float32_state=False)}
     for work in works:
         for engine in engines.values():
             engine.logits(work.signals[:2])
-        runs = measure({name: (lambda e=e: e.probs(work.signals)) for name, e in engines.items()}, repeats)
+        runs = measure(
+            {
+                **{name: (lambda e=e, s=work.signals: e.probs(s)) for name, e in engines.items()},
+                "bf16 q/k": lambda s=work.signals: bf16_projections(engines["bf16"], s),
+            },
+            repeats,
+        )
         (p32, t32), (p16, t16), (pw, tw) = runs["fp32"], runs["bf16"], runs["bf16 whole"]
+        pq, tq = runs["bf16 q/k"]
         plain = bf16.probs(work.signals, batch_size=1)
         n = len(work.signals)
         lines += [
@@ -374,8 +383,19 @@ def compare_dtypes(fp32: ContinuousLM, bf16: ContinuousLM, works: Sequence[Workl
             f"bf16 model run plainly: agreement {agreement(plain, p32):.2e}",  # type: ignore[arg-type]
             f"      error ratio bf16 engine / bf16 whole {agreement(p16, p32) / max(agreement(pw, p32), 1e-30):.2f}"
             " (this CPU's; see the capability line)",
+            f"      without float32 q/k projections: error ratio {agreement(pq, p32) / max(agreement(pw, p32), 1e-30):.2f}, "
+            f"time {tq.seconds / t16.seconds:.2f}x the engine's",
         ]
     return lines
+
+
+def bf16_projections(engine: Engine, signals: Sequence[Signal]) -> torch.Tensor:
+    """The bf16 engine's probabilities with its query/key projections in bf16 too (every matmul in bf16)."""
+    saved, precision.FLOAT32_PROJECTIONS = precision.FLOAT32_PROJECTIONS, False
+    try:
+        return engine.probs(signals)
+    finally:
+        precision.FLOAT32_PROJECTIONS = saved
 
 
 def print_comparison(r: dict[str, Any]) -> None:

@@ -39,7 +39,7 @@ class Family:
     float32_projections: names of the query and key projections inside the attention
         module (a fused query/key/value projection where the family has one), which
         :func:`contllm.precision.float32_state` runs in float32 for a half-precision
-        model: the attention logits are where bfloat16 rounding moves the outputs most.
+        model (a query or key rounded to bfloat16 moves every attention logit it enters).
     heads, kv_heads: config attributes of the query and key/value head counts; a family
         without grouped queries has kv_heads None (as many key/value heads as queries).
     notes: quirks worth knowing, shown in docs and errors.

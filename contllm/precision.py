@@ -11,8 +11,17 @@ and outputs - costs about 1e-2 (measured in benchmarks/README.md).
 
 - the input embeddings and the attention masks are built in float32 (through
   :attr:`ContinuousLM.state_dtype <contllm.lm.ContinuousLM.state_dtype>`);
-- every matmul module (``nn.Linear``, transformers' ``Conv1D``) casts its input to its
-  weight's dtype (a forward pre-hook; one cast serves every module that reads the same
+- the query and key projections of every layer (the family table's
+  ``float32_projections``; the fused query/key/value projection where the family has
+  one) run in float32, on float32 copies of their weights and bias and on uncast
+  inputs: a query or key rounded to bfloat16 moves every attention logit it enters, and
+  the softmax exponentiates that (on SmolLM2-135M, a 200-signal counting subset: 0.26x
+  the distance of the model wholly in bfloat16 with them, 0.40x without; docs/speed.md). The copies cost memory
+  (a float32 copy of those weights, made on entry) and, where bfloat16 matmuls are faster
+  than float32 ones, their share of the matmul time; ``float32_projections=False`` (or
+  :data:`FLOAT32_PROJECTIONS` = False) leaves every matmul in half precision;
+- every other matmul module (``nn.Linear``, transformers' ``Conv1D``) casts its input to
+  its weight's dtype (a forward pre-hook; one cast serves every module that reads the same
   tensor) and returns its output in that dtype, which type promotion lifts back to
   float32 where it meets the residual stream or the rotary embedding;
 - every other floating parameter (normalisation weights and biases) is swapped for a
