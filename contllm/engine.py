@@ -150,14 +150,16 @@ class EvaluatedModel(Protocol):
 
 
 @contextmanager
-def evaluation(lm: EvaluatedModel, *, float32: bool = True) -> Iterator[None]:
+def evaluation(lm: EvaluatedModel, *, float32: bool = True, projections: bool | None = None) -> Iterator[None]:
     """The context every evaluation of ``lm`` runs in, the engine's and ``generate``'s alike.
 
     The model takes continuous inputs, in inference mode; a half-precision model reads
     its outputs through a float32 head and, with ``float32``, keeps its state in float32
-    between half-precision matmuls (:mod:`contllm.precision`). All is undone on exit.
+    between half-precision matmuls (:mod:`contllm.precision`), its query and key
+    projections in float32 too unless ``projections`` is False (None:
+    :data:`contllm.precision.FLOAT32_PROJECTIONS`). All is undone on exit.
     """
-    state = float32_state(lm) if float32 else nullcontext()
+    state = float32_state(lm, float32_projections=projections) if float32 else nullcontext()
     with lm.patched(), float32_readout(lm.model), state:
         yield
 
@@ -186,6 +188,11 @@ class Engine:
         about half the distance to the float32 model of running it as stock, at nearly
         the same speed). False runs the model wholly in its own dtype. A float32 model is
         unaffected.
+    float32_projections: with ``float32_state``, the query and key projections also run
+        in float32, on float32 copies of their weights (the family table's
+        ``float32_projections``; measured in docs/speed.md: 0.26x the stock-bf16 distance on
+        counting instead of 0.40x); False leaves them in half precision; None reads
+        :data:`contllm.precision.FLOAT32_PROJECTIONS` (True).
     move_origin: on a model that sees positions only through their differences
         (``lm.relative_positions``: rotary families with fixed frequencies), evaluate each
         chunk with its time origin at its earliest read time, rounded down to a multiple
@@ -209,6 +216,7 @@ class Engine:
         max_batch_tokens: int | None = None,
         prefix_cache: bool = True,
         float32_state: bool = True,
+        float32_projections: bool | None = None,
         move_origin: bool = True,
     ) -> None:
         if not callable(getattr(lm, "forward_batch", None)) or not callable(getattr(lm, "patched", None)):
@@ -219,13 +227,15 @@ class Engine:
         self.max_batch_tokens = max_batch_tokens if max_batch_tokens is not None else default_batch_tokens(lm)
         self.prefix_cache = prefix_cache
         self.float32_state = float32_state
+        self.float32_projections = float32_projections
         self.move_origin = move_origin
         self.last_stats: EngineStats | None = None
 
     def __repr__(self) -> str:
         return (
             f"Engine({self.lm!r}, max_batch_tokens={self.max_batch_tokens}, prefix_cache={self.prefix_cache}, "
-            f"float32_state={self.float32_state}, move_origin={self.move_origin})"
+            f"float32_state={self.float32_state}, float32_projections={self.float32_projections}, "
+            f"move_origin={self.move_origin})"
         )
 
     # ------------------------------------------------------------------ public
@@ -253,7 +263,7 @@ class Engine:
         out: list[Any] = [None] * len(items)
         reusable: SharedPrefix | None = None
         done = 0
-        with evaluation(self.lm, float32=self.float32_state):
+        with evaluation(self.lm, float32=self.float32_state, projections=self.float32_projections):
             use_prefix = self.prefix_cache and _prefix_safe(self.lm)
             vocab = int(self.lm.model.get_input_embeddings().weight.shape[0])
             for chunk in plan(items, reads, self.max_batch_tokens, self.lm, prefix=use_prefix, vocab=vocab):

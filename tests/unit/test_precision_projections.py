@@ -88,6 +88,10 @@ def test_switched_off_by_keyword_and_by_the_module_default(monkeypatch: pytest.M
     with float32_state(lm, float32_projections=True):
         assert all(m.weight.dtype == torch.float32 for m in projections)
     assert float((with_projections - without).abs().max()) > 0  # the setting changes what runs
+    # The engine's own keyword overrides the module default either way.
+    assert torch.equal(Engine(lm, float32_projections=True).probs(signals), with_projections)
+    monkeypatch.setattr(precision, "FLOAT32_PROJECTIONS", True)
+    assert torch.equal(Engine(lm, float32_projections=False).probs(signals), without)
 
 
 def test_restored_after_an_error() -> None:
