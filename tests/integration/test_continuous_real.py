@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from contllm import ContinuousLM
+from contllm.engine import time_origin
 
 pytestmark = [pytest.mark.integration, pytest.mark.numerics]
 
@@ -50,8 +51,17 @@ def test_gemma3_long_prompt_beyond_the_window_equals_stock(gemma: ContinuousLM) 
     text = " ".join(f"Box {i} is {['red', 'green', 'blue'][i % 3]}." for i in range(120))
     signal = gemma.signal(text)
     assert len(signal) > 600
+    n = len(signal)
+    # The engine reads these positions with the time origin moved next to them (exact on a
+    # relative model; contllm.engine.time_origin): the stock model gets the same position
+    # ids, so both round the rotary angles alike (at positions 0..n-1 the stock logits
+    # themselves move by ~2e-4 from rounding angles near 600 in float32). The sliding
+    # window the stock model applies comes from its own cache positions, not from these.
+    origin = time_origin([signal], [[n - 4, n - 3, n - 2, n - 1]])
+    assert gemma.relative_positions and origin > 512
+    positions = torch.arange(n)[None] - int(origin)
     with torch.no_grad():
-        stock = gemma.model(signal.token_ids[None], logits_to_keep=4).logits[0].float()
+        stock = gemma.model(signal.token_ids[None], position_ids=positions, logits_to_keep=4).logits[0].float()
     ours = gemma.logits(signal, positions=[-4, -3, -2, -1])
     assert float((ours - stock).abs().max()) <= 1e-4
 
