@@ -427,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype of the loop-vs-engine comparison"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (best and median)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per measurement (best and median)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument(
         "--workloads", default="counting,events,events-last", help=f"comma-separated, from {', '.join(WORKLOADS)}"
