@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
-import hashlib
 import os
 import platform
 import re
@@ -44,10 +43,10 @@ from typing import Any
 from contllm.errors import RunDirectoryError
 from contllm.files import (
     atomic_write_json,
+    data_name,
     fsync_dir,
     read_json,
     recording_writes,
-    safe_name,
 )
 
 CONFIG = "config.json"
@@ -62,8 +61,6 @@ OWN_ENTRIES = (LOCK, CONFIG, MANIFEST, ITEMS, SHARDS, FIGURES, "results.json", "
 NAME_MAX = 255
 #: Longest path, in bytes (Linux's PATH_MAX, less room for the files inside the run).
 PATH_MAX = 3800
-#: An item id kept as its own file name: letters, digits, '_', '-', '.' (not first), at most 100 characters.
-_PLAIN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 
 
 def now() -> str:
@@ -85,14 +82,10 @@ def is_run_dir(path: str | Path) -> bool:
 def record_name(item_id: str) -> str:
     """The file name of ``item_id``'s record: ``<id>.json`` for a plain id, else a readable part and a hash.
 
-    Distinct ids never share a file: a plain id (see :data:`_PLAIN_ID`) is its own name,
-    and any other id gets ``<letters>~<sha256 prefix>.json``, where '~' never occurs in
-    a plain id. No name starts with '.', the mark of a temporary file.
+    The name is :func:`contllm.files.data_name` of the id plus ".json": distinct ids never
+    share a file, and no name starts with '.', the mark of a temporary file.
     """
-    if _PLAIN_ID.fullmatch(item_id) and not item_id.endswith((".tmp", ".json")):
-        return f"{item_id}.json"
-    digest = hashlib.sha256(item_id.encode("utf-8", "surrogatepass")).hexdigest()[:20]
-    return f"{safe_name(item_id)[:80].lstrip('.')}~{digest}.json"
+    return f"{data_name(item_id)}.json"
 
 
 def _check_writable(path: Path) -> None:
