@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from contllm.errors import ExperimentError
+from contllm.numerals import as_integer
 
 __all__ = [
     "DEVICE_CHOICES",
@@ -60,10 +61,10 @@ def _int_from_env(names: Sequence[str], default: int) -> int:
     for name in names:
         value = os.environ.get(name)
         if value not in (None, ""):
-            try:
-                return int(value)
-            except ValueError:
-                raise ExperimentError(f"environment variable {name}={value!r} is not an integer") from None
+            number = as_integer(value)
+            if number is None:
+                raise ExperimentError(f"environment variable {name}={value[:40]!r} is not an integer")
+            return number
     return default
 
 

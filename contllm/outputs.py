@@ -110,9 +110,9 @@ def drawn_figures(out: Output) -> Iterator[tuple[str, Any]]:
         yield from experiment.figures(result, per_item=False)
         for record in result.records:
             item_id = getattr(record, "item_id", None)
-            fig = experiment.item_figure(result, record) if item_id in wanted else None
+            fig = experiment.item_figure(result, record) if isinstance(item_id, str) and item_id in wanted else None
             if fig is not None:
-                yield f"items/{data_name(item_id)}", fig
+                yield f"items/{data_name(str(item_id))}", fig
         return
     from contllm.plotting import plt
 

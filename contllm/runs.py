@@ -57,6 +57,8 @@ SHARDS = "shards"
 FIGURES = "figures"
 #: Entries at the top of a run directory that the toolkit itself writes into or over.
 OWN_ENTRIES = (LOCK, CONFIG, MANIFEST, ITEMS, SHARDS, FIGURES, "results.json", "summary.json")
+#: Those of them that are files (a folder in place of one would stop a run only as it writes there).
+OWN_FILES = (CONFIG, MANIFEST, "results.json", "summary.json")
 #: Longest file-name component most file systems take, in bytes.
 NAME_MAX = 255
 #: Longest path, in bytes (Linux's PATH_MAX, less room for the files inside the run).
@@ -80,12 +82,65 @@ def is_run_dir(path: str | Path) -> bool:
 
 
 def record_name(item_id: str) -> str:
-    """The file name of ``item_id``'s record: ``<id>.json`` for a plain id, else a readable part and a hash.
-
-    The name is :func:`contllm.files.data_name` of the id plus ".json": distinct ids never
-    share a file, and no name starts with '.', the mark of a temporary file.
-    """
+    """The file name of ``item_id``'s record: :func:`contllm.files.data_name` of it plus ".json" (distinct ids, distinct files)."""
     return f"{data_name(item_id)}.json"
+
+
+def check_out(out: Any, *, resume: bool = False, force: bool = False) -> Path:
+    """``out`` as a run directory's path, checked as far as it can be without the run's config; RunDirectoryError otherwise.
+
+    Refused: --resume with --force, an empty or too long path, a file, a place where no
+    directory can be made (under a file or a link to nothing, read-only), a run whose own
+    entries are links; with ``resume``, a run whose config.json or manifest.json cannot be
+    read. What the run's config decides is :class:`RunDir`'s to check.
+    """
+    if resume and force:
+        raise RunDirectoryError("--resume and --force contradict each other; give one")
+    if not isinstance(out, (str, os.PathLike)) or not str(out).strip():
+        raise RunDirectoryError(f"the run directory must be a path, got {out!r}")
+    path = Path(out)
+    _check_place(path)
+    if resume and is_run_dir(path):
+        _check_resumable(path)
+    return path
+
+
+def _check_place(path: Path) -> None:
+    """RunDirectoryError when ``path`` cannot hold a run: too long, a file, not writable, or holding links out."""
+    too_long = [part for part in path.parts if len(os.fsencode(part)) > NAME_MAX]
+    if too_long or len(os.fsencode(path)) > PATH_MAX:
+        what = f"the name {too_long[0][:40]}... is" if too_long else "the path is"
+        raise RunDirectoryError(
+            f"cannot create {str(path)[:80]}...: {what} longer than {NAME_MAX if too_long else PATH_MAX} bytes"
+        )
+    if path.exists() and not path.is_dir():
+        raise RunDirectoryError(f"{path} exists and is not a directory")
+    _check_writable(path)
+    link = _followed_link(path)
+    if link is not None:
+        raise RunDirectoryError(
+            f"{link} is a symbolic link; a run never follows its own entries out of its directory, remove it"
+        )
+    for name in OWN_FILES:
+        if (path / name).exists() and not (path / name).is_file():
+            raise RunDirectoryError(f"{path / name} is not a file, where a run writes one; remove it")
+
+
+def _check_resumable(path: Path) -> None:
+    """RunDirectoryError, saying how to recover, when a run's config.json or manifest.json cannot be read back."""
+    remedies = {
+        CONFIG: "the run's settings are lost, use --force to start over",
+        MANIFEST: f"remove {path / MANIFEST} to resume (the finished items are kept), or use --force to start over",
+    }
+    for name, remedy in remedies.items():
+        if name == MANIFEST and not (path / name).exists():
+            continue
+        try:
+            held = read_json(path / name)
+        except RunDirectoryError as exc:
+            raise RunDirectoryError(f"cannot resume: {exc}; {remedy}") from None
+        if not isinstance(held, dict):
+            raise RunDirectoryError(f"cannot resume: {path / name} holds no JSON object; {remedy}")
 
 
 def _check_writable(path: Path) -> None:
@@ -94,6 +149,8 @@ def _check_writable(path: Path) -> None:
         raise RunDirectoryError(f"{path} is a symbolic link to nothing; give a directory")
     existing = path
     while not existing.exists():
+        if existing.is_symlink():  # a folder on the way is a link to nothing: no directory can be made under it
+            raise RunDirectoryError(f"cannot create {path}: {existing} is a symbolic link to nothing")
         if existing.parent == existing:
             break
         existing = existing.parent
@@ -201,11 +258,7 @@ class RunDir:
     """
 
     def __init__(self, out: str | Path, config: dict[str, Any], *, resume: bool = False, force: bool = False) -> None:
-        if resume and force:
-            raise RunDirectoryError("--resume and --force contradict each other; give one")
-        if not isinstance(out, (str, os.PathLike)) or not str(out).strip():
-            raise RunDirectoryError(f"the run directory must be a path, got {out!r}")
-        self.path = Path(out)
+        self.path = check_out(out, resume=resume, force=force)
         self.config = config
         self.resume = resume
         self.force = force
@@ -219,26 +272,14 @@ class RunDir:
     def _check(self) -> None:
         """Decide between a new run, a resumed one and a replaced one; refuse anything else."""
         self.resumed = self._replace = False
-        too_long = [part for part in self.path.parts if len(os.fsencode(part)) > NAME_MAX]
-        if too_long or len(os.fsencode(self.path)) > PATH_MAX:
-            what = f"the name {too_long[0][:40]}... is" if too_long else "the path is"
-            raise RunDirectoryError(
-                f"cannot create {str(self.path)[:80]}...: {what} longer than {NAME_MAX if too_long else PATH_MAX} bytes"
-            )
-        if self.path.exists() and not self.path.is_dir():
-            raise RunDirectoryError(f"{self.path} exists and is not a directory")
-        _check_writable(self.path)
-        link = _followed_link(self.path)
-        if link is not None:
-            raise RunDirectoryError(
-                f"{link} is a symbolic link; a run never follows its own entries out of its directory, remove it"
-            )
+        _check_place(self.path)
         occupied = self.path.is_dir() and any(p.name != LOCK for p in self.path.iterdir())
         if not occupied:
             return
         if self.resume:
             if not is_run_dir(self.path):
                 raise RunDirectoryError(f"cannot resume: {self.path} is not a run directory (no {CONFIG})")
+            _check_resumable(self.path)
             changed = _differences(read_json(self.path / CONFIG), self.config)
             if changed:
                 raise RunDirectoryError(
