@@ -28,7 +28,7 @@ from contllm.decoding import MAX_NEW_TOKENS, check_options
 from contllm.errors import ContllmError, SignalError
 from contllm.experiments.options import read_value
 from contllm.numerals import MAX_TIME, MIN_MAGNITUDE, as_number
-from contllm.settings import check_seed
+from contllm.settings import check_seed, dtype_name
 
 _SPAN = re.compile(r"^(\d+):(\d+)$")
 
@@ -185,8 +185,10 @@ def request(prompt: str, values: dict[str, Any]) -> Request:
         "stop_at_eos": values["eos"],
         "probs": top,
     }
-    if values["dtype"] not in (None, "float32", "bfloat16", "float16"):
-        raise ContllmError(f"--dtype must be float32, bfloat16 or float16, got {values['dtype']!r}")
+    if values["dtype"] is not None and dtype_name(values["dtype"]) is None:  # the names `contllm run` takes
+        raise ContllmError(
+            f"--dtype must be float32, bfloat16 or float16 (or fp32, bf16, fp16), got {values['dtype']!r}"
+        )
     _check_generation_options(options)
     return Request(prompt, edits, values["model"], values["device"], values["dtype"], options)
 

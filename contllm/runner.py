@@ -449,7 +449,7 @@ def _note_half_precision(dtype: str | None, device: str, say: Say) -> None:
 
     try:
         kind = parse_dtype(dtype)
-    except ModelLoadError:  # a bad name is refused where the model loads
+    except ModelLoadError:  # RunSettings refuses a bad name first; a model loads with its own check too
         return
     on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     if is_half(kind) and on_cpu and (note := half_precision_note(kind)):

@@ -75,9 +75,26 @@ def figure_formats(value: str | Sequence[str], what: str = "--formats") -> tuple
 
 def _default_model() -> str:
     # contllm.models imports torch; the command line's help reads this module's constants without it.
-    from contllm.models import DEFAULT_MODEL
+    from contllm.models.catalog import DEFAULT_MODEL
 
     return DEFAULT_MODEL
+
+
+#: The precisions a model runs in, by every name a user may give, and the dtype each names
+#: (torch's dtypes are taken where the model loads: :func:`contllm.models.parse_dtype`).
+DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
+
+
+def dtype_name(dtype: str) -> str | None:
+    """The dtype ``dtype`` names ("bf16", " torch.bfloat16" -> "bfloat16"), or None for a name of none."""
+    return DTYPE_NAMES.get(dtype.strip().lower().removeprefix("torch."))
 
 
 #: Largest seed: torch, numpy and Python's random all take it.
@@ -160,12 +177,12 @@ class RunSettings:
         if isinstance(self.seed, str):  # only Python ints, as the field says; the command line reads its text first
             raise ExperimentError(f"seed must be an integer, got {_short(self.seed)}")
         check_seed(self.seed)
-        if self.dtype is not None and not isinstance(self.dtype, str):
-            raise ExperimentError(f"dtype must be a name (float32, bfloat16, float16), got {self.dtype!r}")
+        if self.dtype is not None and (not isinstance(self.dtype, str) or dtype_name(self.dtype) is None):
+            raise ExperimentError(f"dtype must be a name ({', '.join(DTYPE_NAMES)}), got {_short(self.dtype)}")
         _positive_int(self.max_batch_tokens, "--max-batch-tokens")
         _positive_int(self.group_bytes, GROUP_BYTES_VARIABLE)
         if self.device_map is not None:
-            from contllm.models import check_device_map
+            from contllm.distributed import check_device_map
 
             check_device_map(self.device_map)
         if self.item_figures is not None and not isinstance(self.item_figures, bool):

@@ -315,7 +315,7 @@ PAPER_DIGITS = {
                                                   "apple,fruits,a fruit,\u00b2\n", "counting",
                                          "field 'repetitions': must be a whole number from 1 to 9"),
     "counting-repetitions-underscore": ("f.csv", "word,category,category_with_article,repetitions\n"
-                                                 "apple,fruits,a fruit,1_0\n", "counting",
+                                                 "apple,fruits,a fruit,0_3\n", "counting",
                                         "field 'repetitions': must be a whole number from 1 to 9"),
 }
 

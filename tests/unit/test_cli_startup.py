@@ -100,6 +100,8 @@ USAGE_ERRORS = [
     (["run", "counting", "--items", "0"], "item count must be positive"),
     (["run", "counting", "--formats", "jpg"], "unknown figure format 'jpg'"),
     (["run", "counting", "--max-batch-tokens", "x"], "--max-batch-tokens must be an integer"),
+    (["run", "counting", "--device-map", "everywhere"], "unknown device_map 'everywhere'"),
+    (["run", "counting", "--dtype", "int8"], "dtype must be a name (float32, fp32, bfloat16"),
     (["run", "counting", "--resume", "--force"], "--resume and --force contradict each other"),
     (["run", "counting", "--out", "/dev/null/run"], "is not a directory"),
     (["run", "boolean", "--method", "cubic"], "--method must be 'linear' or 'slerp'"),
