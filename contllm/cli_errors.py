@@ -62,31 +62,35 @@ def _usage_error(exc: Exception, command: str) -> NoReturn:
     fail(f"{message}; see '{command} --help'", exit_with=typer.Exit)
 
 
-class OneLineTyperCommand(typer.core.TyperCommand):
+class _OneLineUsage:
+    """What a Typer command or group adds: its usage errors (not a bare call that shows help) are one line."""
+
+    name: str | None
+
+    def where(self) -> str:
+        return f"contllm {self.name}"
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)  # type: ignore[misc]
+        except _TYPER_CLICK.exceptions.UsageError as exc:
+            if isinstance(exc, _HELP_ASKED):
+                raise
+            _usage_error(exc, self.where())
+
+
+class OneLineTyperCommand(_OneLineUsage, typer.core.TyperCommand):
     """``contllm report``, ``figures``, ``models``: a usage error is one line, as everywhere else."""
 
-    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except _TYPER_CLICK.exceptions.UsageError as exc:
-            if isinstance(exc, _HELP_ASKED):
-                raise
-            _usage_error(exc, f"contllm {self.name}")
 
-
-class OneLineTyperGroup(typer.core.TyperGroup):
+class OneLineTyperGroup(_OneLineUsage, typer.core.TyperGroup):
     """``contllm`` itself: an unknown option or command is one line."""
 
-    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except _TYPER_CLICK.exceptions.UsageError as exc:
-            if isinstance(exc, _HELP_ASKED):
-                raise
-            _usage_error(exc, "contllm")
+    def where(self) -> str:
+        return "contllm"
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         try:
             return super().resolve_command(ctx, args)
         except _TYPER_CLICK.exceptions.UsageError as exc:
-            _usage_error(exc, "contllm")
+            _usage_error(exc, self.where())
