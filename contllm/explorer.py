@@ -19,6 +19,7 @@ ipywidgets slider (the ``widgets`` extra).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -66,10 +67,22 @@ def item_view(record: dict[str, Any], knob: str) -> dict[str, Any] | None:
         # elsewhere it may count the tokens of an edited span, which the strip cannot place.
         "tokens": meta.get("tokens") if "edited" in meta else None,
         "span": meta.get("span") or meta.get("word"),
-        "edited": [int(i) for i in meta.get("edited", [])],
-        "edited_tokens": [str(t) for t in meta.get("edited_tokens", [])],
+        "edited": _positions(meta.get("edited")),
+        "edited_tokens": [str(t) for t in _listed(meta.get("edited_tokens"))],
         "scales": knob in DURATION_KNOBS or str(record.get("knob", "")) in DURATION_KNOBS,
     }
+
+
+def _listed(value: Any) -> list[Any] | tuple[Any, ...]:
+    return value if isinstance(value, (list, tuple)) else []
+
+
+def _positions(value: Any) -> list[int]:
+    """Token positions for the strip: a list of whole numbers, else none (an edited results.json may hold anything)."""
+    try:
+        return [operator.index(i) for i in _listed(value)]
+    except TypeError:
+        return []
 
 
 def _finite(value: Any) -> float | None:

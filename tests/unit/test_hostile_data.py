@@ -207,6 +207,20 @@ def test_an_attribution_page_shows_hostile_text_as_text(tmp_path: Path) -> None:
     assert f"m{hostile}" in tree.find(".//h2").text and f"e{hostile}" in tree.find(".//title").text
 
 
+@pytest.mark.parametrize("meta", [{"edited": ["a"]}, {"edited_tokens": None}, {"edited": 3, "edited_tokens": 7}])
+def test_malformed_token_positions_in_an_edited_run_leave_the_report_page_whole(meta: dict, lm: ContinuousLM,
+                                                                                tmp_path: Path) -> None:
+    out = run("counting", config=CountingConfig(samples=2, low=0.5, high=1.0), lm=lm, model="tiny", items="1",
+              out=tmp_path / "o", item_figures=False)
+    results = json.loads((out / "results.json").read_text())
+    results["sweeps"][0]["meta"].update(meta)
+    (out / "results.json").write_text(json.dumps(results))
+    result = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    item = page_data(tmp_path / "r" / "explorer.html")["runs"][0]["items"][0]
+    assert item["edited"] == [] or "edited" not in meta
+
+
 # ---------------------------------------------------------------------------- beyond: text no file can hold
 
 
