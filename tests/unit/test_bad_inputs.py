@@ -34,6 +34,7 @@ CLI_CASES = [
     (["run", "counting", "--range", "0,1"], "duration factors must be positive"),
     (["run", "counting", "--template", "{words"], "malformed template"),
     (["run", "counting", "--template", "plain"], "the template has no {words} field"),
+    (["run", "counting", "--template", "\udcff {words}"], "the template is not valid UTF-8 text"),
     (["run", "counting", "--items", "0"], "item count must be positive"),
     (["run", "counting", "--items", "999"], "asked for 999 items but the dataset has 130"),
     (["run", "counting", "--items", "count-001,nope"], "unknown item id 'nope'"),
