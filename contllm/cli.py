@@ -245,7 +245,7 @@ def _early_checks(declaration: Any, given: dict[str, Any], where: dict[str, Any]
     manifest). What needs the experiment or the model (a dataset's size, a template's
     fields, the device) is checked next, still before the model loads.
     """
-    from contllm.runs import check_out
+    from contllm.runs import check_modes, check_out
 
     declaration.check_values(given)
     values = dict(values)
@@ -253,10 +253,9 @@ def _early_checks(declaration: Any, given: dict[str, Any], where: dict[str, Any]
     if values.get("max_batch_tokens") is not None:
         values["max_batch_tokens"] = read_value(values["max_batch_tokens"], "int", "--max-batch-tokens")
     settings = RunSettings(**values)
+    check_modes(resume=where.get("resume", False), force=where.get("force", False))
     if where.get("out") is not None:
         check_out(where["out"], resume=where.get("resume", False), force=where.get("force", False))
-    elif where.get("resume") and where.get("force"):
-        check_out("runs", resume=True, force=True)
     return settings
 
 

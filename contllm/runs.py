@@ -94,8 +94,7 @@ def check_out(out: Any, *, resume: bool = False, force: bool = False) -> Path:
     entries are links; with ``resume``, a run whose config.json or manifest.json cannot be
     read. What the run's config decides is :class:`RunDir`'s to check.
     """
-    if resume and force:
-        raise RunDirectoryError("--resume and --force contradict each other; give one")
+    check_modes(resume=resume, force=force)
     if not isinstance(out, (str, os.PathLike)) or not str(out).strip():
         raise RunDirectoryError(f"the run directory must be a path, got {out!r}")
     path = Path(out)
@@ -103,6 +102,12 @@ def check_out(out: Any, *, resume: bool = False, force: bool = False) -> Path:
     if resume and is_run_dir(path):
         _check_resumable(path)
     return path
+
+
+def check_modes(*, resume: bool, force: bool) -> None:
+    """RunDirectoryError for --resume with --force."""
+    if resume and force:
+        raise RunDirectoryError("--resume and --force contradict each other; give one")
 
 
 def _check_place(path: Path) -> None:
@@ -128,11 +133,8 @@ def _check_place(path: Path) -> None:
 
 def _check_resumable(path: Path) -> None:
     """RunDirectoryError, saying how to recover, when a run's config.json or manifest.json cannot be read back."""
-    remedies = {
-        CONFIG: "the run's settings are lost, use --force to start over",
-        MANIFEST: f"remove {path / MANIFEST} to resume (the finished items are kept), or use --force to start over",
-    }
-    for name, remedy in remedies.items():
+    keep = f"remove {path / MANIFEST} to resume (the finished items are kept), or use --force to start over"
+    for name, remedy in ((CONFIG, "the run's settings are lost, use --force to start over"), (MANIFEST, keep)):
         if name == MANIFEST and not (path / name).exists():
             continue
         try:

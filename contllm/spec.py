@@ -247,10 +247,9 @@ def run_spec(
     dtype and formats (the figure formats, "png,pdf") override the spec's; model, items
     and samples as :func:`load_spec` says.
     """
-    from contllm.errors import RunDirectoryError
+    from contllm.runs import check_modes
 
-    if resume and force:  # the command line's own mistakes first, before any experiment is imported
-        raise RunDirectoryError("--resume and --force contradict each other; give one")
+    check_modes(resume=resume, force=force)  # the command line's own mistakes first, before any experiment loads
     drawn_as = figure_formats(formats) if formats is not None else None
     spec = load_spec(path, model=model, items=items, samples=samples)
     from contllm import load  # the heavy modules once the spec holds
