@@ -81,6 +81,24 @@ def test_item_ids_from_a_data_file_name_no_file_outside_the_run(lm: ContinuousLM
     assert pictures == sorted(f"{data_name(i)}.png" for i in ESCAPING_IDS)
 
 
+def test_the_issues_command_line_writes_nothing_outside_the_run(tmp_path: Path) -> None:
+    """`contllm run counting --data t.jsonl --items 1 --samples 2 --out o`, a model directory of a tiny model."""
+    model = tmp_path / "model"
+    tiny_model("llama").save_pretrained(model)
+    digit_tokenizer().save_pretrained(model)
+    work = tmp_path / "work"
+    work.mkdir()
+    data = counting_rows(work / "t.jsonl", ["../../../outside/pwn_run"])
+    before = files_under(tmp_path)
+    result = CliRunner().invoke(app, ["run", "counting", "--model", str(model), "--device", "cpu", "--data", str(data),
+                                      "--items", "1", "--samples", "2", "--item-figures", "--out", str(work / "o")])
+    assert result.exit_code == 0, result.output
+    check_inside(work / "o", tmp_path, before)
+    assert not (tmp_path / "outside").exists() and not Path("outside").exists()
+    listed = json.loads((work / "o" / "manifest.json").read_text())["outputs"]
+    assert f"figures/items/{data_name('../../../outside/pwn_run')}.png" in listed
+
+
 def test_attribution_pages_of_escaping_ids_stay_in_the_run(tmp_path: Path) -> None:
     events = [{"id": item_id, "events": ["Anna eats an apple.", "Anna eats a pear."],
                "question": "How many things did Anna do?", "answer_prefix": "Answer:"} for item_id in ESCAPING_IDS[:2]]
