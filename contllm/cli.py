@@ -20,15 +20,16 @@ import click
 import typer
 
 from contllm import __version__, cli_index, logs, registry
-from contllm.cli_errors import Exit, OneLineCommand
+from contllm.cli_errors import Exit, OneLineCommand, OneLineTyperCommand, OneLineTyperGroup
 from contllm.cli_errors import fail as _fail
 from contllm.errors import ContllmError, ExperimentError
-from contllm.experiments.options import Option
-from contllm.settings import DEFAULT_FORMATS, FIGURE_FORMATS, ITEM_FIGURES_UP_TO
+from contllm.experiments.options import Option, read_value
+from contllm.settings import DEFAULT_FORMATS, FIGURE_FORMATS, ITEM_FIGURES_UP_TO, SETTINGS, RunSettings, check_seed
 
 # Help pages answer at once: this module and the ones it imports at the top load neither
 # torch, transformers nor matplotlib (tests/unit/test_cli_startup.py holds it to that).
-# Help reads the experiments' declarations from contllm.cli_index; a run imports them.
+# The commands read the experiments' declarations from contllm.cli_index; a run imports them
+# once every value the command line alone decides has been checked (usage errors stay fast too).
 
 
 def _guarded(work: Callable[[], Any], exit_with: Exit = click.exceptions.Exit) -> Any:
@@ -115,7 +116,12 @@ RUN_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--force",), {"is_flag": True, "help": "Replace the run in --out."}),
     (
         ("--seed",),
-        {"default": 0, "type": click.INT, "show_default": True, "help": "Random seed (recorded in config.json)."},
+        {
+            "default": "0",
+            "show_default": True,
+            "metavar": "INTEGER",
+            "help": "Random seed, 0 to 2**63 - 1 (recorded in config.json).",
+        },
     ),
     (
         ("--item-figures/--no-item-figures",),
@@ -143,7 +149,7 @@ ENGINE_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
         ("--max-batch-tokens",),
         {
             "default": None,
-            "type": click.INT,
+            "metavar": "INTEGER",
             "help": "Most tokens computed in one forward (rows x padded length after a shared prefix): the memory budget. [default: automatic]",
         },
     ),
@@ -181,8 +187,9 @@ def _metavar(option: Option) -> str:
 def experiment_command(name: str, *, indexed: bool = False) -> click.Command:
     """The ``contllm run NAME`` command of a registered experiment, built from its declaration.
 
-    indexed: read the declaration from :mod:`contllm.cli_index` (for help pages, without
-    importing the experiment) where it holds it; a run imports the experiment.
+    indexed: read the declaration from :mod:`contllm.cli_index` (without importing the
+    experiment) where it holds it, as the command line does for help pages and runs alike;
+    the run itself then reads the options through the imported experiment.
     """
     experiment = cli_index.declaration(name, indexed=indexed)
     params: list[click.Parameter] = [
@@ -206,14 +213,15 @@ def experiment_command(name: str, *, indexed: bool = False) -> click.Command:
     run_keys = {p.name for p in params} - {o.name for o in experiment.options}
 
     def callback(**values: Any) -> None:
-        from contllm.runner import SETTINGS, run
-        from contllm.settings import RunSettings
-
         given = {k: v for k, v in values.items() if k not in run_keys}
         where = {k: v for k, v in values.items() if k in run_keys and k not in SETTINGS}
+        # Everything the command line alone decides is checked before torch is imported (a second or more).
+        chosen = {k: values[k] for k in run_keys if k in SETTINGS}
+        settings = _guarded(lambda: _early_checks(experiment, given, where, chosen))
 
         def start() -> Any:
-            settings = RunSettings(**{k: v for k, v in values.items() if k in run_keys and k in SETTINGS})
+            from contllm.runner import run
+
             return run(name, options=given, settings=settings, progress=_showing_news(), **where)
 
         path = _guarded(start)
@@ -227,6 +235,28 @@ def experiment_command(name: str, *, indexed: bool = False) -> click.Command:
         help=f"{experiment.help}\n\n{experiment.description}{_metrics_help(experiment)}".strip(),
         short_help=experiment.help,
     )
+
+
+def _early_checks(declaration: Any, given: dict[str, Any], where: dict[str, Any], values: dict[str, Any]) -> Any:
+    """The run's settings, once every value the command line alone decides is checked; imports no torch.
+
+    Checked: each option's value against its declared kind and choices, the run settings
+    (seed, items, formats, --max-batch-tokens) and --out (with --resume, its config and
+    manifest). What needs the experiment or the model (a dataset's size, a template's
+    fields, the device) is checked next, still before the model loads.
+    """
+    from contllm.runs import check_modes, check_out
+
+    declaration.check_values(given)
+    values = dict(values)
+    values["seed"] = check_seed(values["seed"], "--seed")
+    if values.get("max_batch_tokens") is not None:
+        values["max_batch_tokens"] = read_value(values["max_batch_tokens"], "int", "--max-batch-tokens")
+    settings = RunSettings(**values)
+    check_modes(resume=where.get("resume", False), force=where.get("force", False))
+    if where.get("out") is not None:
+        check_out(where["out"], resume=where.get("resume", False), force=where.get("force", False))
+    return settings
 
 
 def _metrics_help(experiment: Any) -> str:
@@ -321,9 +351,11 @@ class RunGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return registry.names()
 
-    def get_command(self, ctx: click.Context, cmd_name: str, *, helping: bool = False) -> click.Command | None:
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if registry.known(cmd_name):
-            return _guarded(lambda: experiment_command(cmd_name, indexed=helping))
+            # Built from the index (equal to the experiments' declarations, a unit test holds it):
+            # a malformed value is refused before the experiment, and torch, is imported.
+            return _guarded(lambda: experiment_command(cmd_name, indexed=True))
         if _is_spec(cmd_name):
             return spec_command(cmd_name)
         return None
@@ -331,7 +363,7 @@ class RunGroup(click.Group):
     def resolve_command(
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
-        command = self.get_command(ctx, args[0], helping="--help" in args[1:])
+        command = self.get_command(ctx, args[0])
         if command is None:
             _fail(f"unknown experiment {args[0]!r}; known experiments: {', '.join(registry.names())} (or a .toml spec)")
         return command.name, command, args[1:]
@@ -373,6 +405,7 @@ Examples:
 RUN_GROUP = RunGroup("run", help=RUN_HELP, no_args_is_help=True)
 
 app = typer.Typer(
+    cls=OneLineTyperGroup,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -443,7 +476,7 @@ def generate(ctx: typer.Context) -> None:
     _guarded(lambda: COMMAND.main(args=list(ctx.args), prog_name="contllm generate", standalone_mode=False), typer.Exit)
 
 
-@app.command(context_settings=HELP)
+@app.command(context_settings=HELP, cls=OneLineTyperCommand)
 def models(
     cache_dir: Path | None = typer.Option(
         None, help="Cache of converted models. [default: $CONTLLM_CACHE or ~/.cache/contllm]"
@@ -456,7 +489,7 @@ def models(
         typer.echo(line)
 
 
-@app.command(context_settings=HELP)
+@app.command(context_settings=HELP, cls=OneLineTyperCommand)
 def report(
     run_dirs: list[Path] = typer.Argument(
         ..., metavar="RUN_DIR...", help="Run directories of one experiment to summarise and compare."
@@ -473,7 +506,7 @@ def report(
         typer.echo(str(path))
 
 
-@app.command(context_settings=HELP)
+@app.command(context_settings=HELP, cls=OneLineTyperCommand)
 def figures(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A finished run directory (written by 'contllm run')."),
     formats: str = typer.Option(
@@ -516,7 +549,9 @@ COMMANDS: dict[str, str] = {}
 def _register(commands: dict[str, str]) -> None:
     for name, target in commands.items():
         module, _, function = target.partition(":")
-        app.command(name, context_settings=HELP)(getattr(importlib.import_module(module), function))
+        app.command(name, context_settings=HELP, cls=OneLineTyperCommand)(
+            getattr(importlib.import_module(module), function)
+        )
 
 
 _register(COMMANDS)

@@ -1,6 +1,6 @@
 """One-line errors of the command line: what ``contllm`` and ``contllm generate`` share.
 
-Light on purpose (click only), so help pages stay fast; :mod:`contllm.cli` and
+Light on purpose (click and Typer only), so help pages stay fast; :mod:`contllm.cli` and
 :mod:`contllm.generate_cli` both import it, and it imports neither.
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 import click
+import typer
+import typer.core
 
 # `run` is a click group and the other commands are Typer's, whose main loop knows its own
 # exit exception: each command exits through the one its loop handles.
@@ -42,3 +44,53 @@ class OneLineCommand(click.Command):
 
     def usage_error(self, exc: click.UsageError) -> NoReturn:
         fail(exc.format_message().replace("\n", " "))
+
+
+#: The click that Typer's own commands run on (recent Typers carry a copy of their own).
+_TYPER_CLICK: Any = getattr(typer.core, "_click", None) or getattr(typer.core, "click")  # noqa: B009
+#: A bare group or command that shows its help: not an error to shorten.
+_HELP_ASKED = tuple(
+    kind
+    for kind in (getattr(m.exceptions, "NoArgsIsHelpError", None) for m in (click, _TYPER_CLICK))
+    if kind is not None
+)
+
+
+def _usage_error(exc: Exception, command: str) -> NoReturn:
+    """A usage error of Typer's (missing argument, unknown option or command) as one line, exit status 2."""
+    message = exc.format_message().replace("\n", " ").rstrip(". ")  # type: ignore[attr-defined]
+    fail(f"{message}; see '{command} --help'", exit_with=typer.Exit)
+
+
+class _OneLineUsage:
+    """What a Typer command or group adds: its usage errors (not a bare call that shows help) are one line."""
+
+    name: str | None
+
+    def where(self) -> str:
+        return f"contllm {self.name}"
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)  # type: ignore[misc]
+        except _TYPER_CLICK.exceptions.UsageError as exc:
+            if isinstance(exc, _HELP_ASKED):
+                raise
+            _usage_error(exc, self.where())
+
+
+class OneLineTyperCommand(_OneLineUsage, typer.core.TyperCommand):
+    """``contllm report``, ``figures``, ``models``: a usage error is one line, as everywhere else."""
+
+
+class OneLineTyperGroup(_OneLineUsage, typer.core.TyperGroup):
+    """``contllm`` itself: an unknown option or command is one line."""
+
+    def where(self) -> str:
+        return "contllm"
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        try:
+            return super().resolve_command(ctx, args)
+        except _TYPER_CLICK.exceptions.UsageError as exc:
+            _usage_error(exc, self.where())

@@ -2,17 +2,19 @@
 
 An experiment's declaration (its help, description, options and metrics) lives in its
 module, which imports torch and transformers at the top; ``contllm --help`` and
-``contllm run NAME --help`` read this index of those declarations instead, a JSON file
-shipped with the package (:data:`INDEX_PATH`). The index is derived, never edited by
-hand: ``python -m contllm.cli_index`` rewrites it from the registered experiments, and a
-unit test fails while it differs from them. A run always builds its command from the
-experiment itself, so a stale index could only make a help page wrong, never a run.
-Experiments that installed packages register are not indexed; their help imports them.
+``contllm run NAME`` read this index of those declarations instead, a JSON file shipped
+with the package (:data:`INDEX_PATH`), so that help pages and malformed values answer at
+once. The index is derived, never edited by hand: ``python -m contllm.cli_index``
+rewrites it from the registered experiments, and a unit test fails while it differs from
+them. A run reads its options again through the imported experiment, so a stale index
+could refuse a value early, never compute with a wrong one. Experiments that installed
+packages register are not indexed; their commands import them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -55,6 +57,25 @@ class Declaration:
             options=tuple(experiment.options),
             metrics=tuple(experiment.metrics),
         )
+
+    def check_values(self, given: Mapping[str, Any]) -> None:
+        """ExperimentError for a given value that is not of its option's kind, or not one of a str option's choices.
+
+        given: option name -> value as typed (None: not given); names the declaration does
+        not hold are left to the experiment. Reads each value as the experiment will
+        (:meth:`Option.read`), so the command line refuses a malformed value before the
+        experiment (and torch) is imported; what the values mean together is the
+        experiment's config to check.
+        """
+        options = {o.name: o for o in self.options}
+        for name, value in given.items():
+            option = options.get(name)
+            if option is None or value is None:
+                continue
+            option.read(value)
+            if option.kind == "str" and option.choices and value not in option.choices:
+                allowed = " or ".join(repr(c) for c in option.choices)
+                raise ExperimentError(f"{option.cli_flag.split('/')[0]} must be {allowed}, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -26,17 +26,20 @@ import datetime as _dt
 import json
 import os
 import platform
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from contllm.errors import ExperimentError
+from contllm.errors import ExperimentError, ModelLoadError
+from contllm.numerals import as_integer
 
 __all__ = [
     "DEVICE_CHOICES",
     "Processes",
     "cpu_threads",
     "device_group",
+    "DEVICE_MAPS",
+    "check_device_map",
     "device_map_memory",
     "launch_size",
     "check_launch_device",
@@ -60,10 +63,10 @@ def _int_from_env(names: Sequence[str], default: int) -> int:
     for name in names:
         value = os.environ.get(name)
         if value not in (None, ""):
-            try:
-                return int(value)
-            except ValueError:
-                raise ExperimentError(f"environment variable {name}={value!r} is not an integer") from None
+            number = as_integer(value)
+            if number is None:
+                raise ExperimentError(f"environment variable {name}={value[:40]!r} is not an integer")
+            return number
     return default
 
 
@@ -286,6 +289,31 @@ def start_processes(device: str | None = "auto", *, device_map: str | None = Non
         torch.set_num_threads(processes.threads)
     _started = processes
     return processes
+
+
+#: Placement strategies accelerate accepts for ``device_map`` (a dict of module -> device also works).
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(device_map: Any, max_memory: Any = None) -> None:
+    """ModelLoadError unless ``device_map`` is None, a dict or one of :data:`DEVICE_MAPS`.
+
+    max_memory (device -> bytes or "20GiB") only means something with a device map.
+    """
+    if device_map is None:
+        if max_memory is not None:
+            raise ModelLoadError("max_memory limits a device map; give device_map='auto' with it")
+        return
+    if isinstance(device_map, Mapping):
+        return
+    if not isinstance(device_map, str) or device_map not in DEVICE_MAPS:
+        raise ModelLoadError(
+            f"unknown device_map {device_map!r}; use one of {', '.join(DEVICE_MAPS)} or a dict of module -> device"
+        )
+    if max_memory is not None and not isinstance(max_memory, Mapping):
+        raise ModelLoadError(
+            f"max_memory must map devices to sizes (e.g. {{0: '20GiB', 1: '20GiB'}}), got {max_memory!r}"
+        )
 
 
 def device_map_memory(processes: Processes) -> dict[int, int] | None:

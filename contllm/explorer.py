@@ -18,12 +18,13 @@ ipywidgets slider (the ``widgets`` extra).
 
 from __future__ import annotations
 
-import html
-import json
 import math
+import operator
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
+
+from contllm.pages import html_text, json_in_html
 
 __all__ = ["Exploration", "explore", "explorer_data", "item_view", "page"]
 
@@ -66,10 +67,22 @@ def item_view(record: dict[str, Any], knob: str) -> dict[str, Any] | None:
         # elsewhere it may count the tokens of an edited span, which the strip cannot place.
         "tokens": meta.get("tokens") if "edited" in meta else None,
         "span": meta.get("span") or meta.get("word"),
-        "edited": [int(i) for i in meta.get("edited", [])],
-        "edited_tokens": [str(t) for t in meta.get("edited_tokens", [])],
+        "edited": _positions(meta.get("edited")),
+        "edited_tokens": [str(t) for t in _listed(meta.get("edited_tokens"))],
         "scales": knob in DURATION_KNOBS or str(record.get("knob", "")) in DURATION_KNOBS,
     }
+
+
+def _listed(value: Any) -> list[Any] | tuple[Any, ...]:
+    return value if isinstance(value, (list, tuple)) else []
+
+
+def _positions(value: Any) -> list[int]:
+    """Token positions for the strip: a list of whole numbers, else none (an edited results.json may hold anything)."""
+    try:
+        return [operator.index(i) for i in _listed(value)]
+    except TypeError:
+        return []
 
 
 def _finite(value: Any) -> float | None:
@@ -105,13 +118,14 @@ def _asset(name: str) -> str:
 
 def page(data: dict[str, Any], title: str | None = None) -> str:
     """The self-contained HTML page of :func:`explorer_data`'s ``data``."""
-    # "</" inside the JSON would end the script element early; "<\/" reads the same to JSON.parse.
-    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-    heading = title or f"{data['experiment'] or 'sweep'} explorer"
+    # Every string of the data (prompts, ids, labels, run names) may come from a user's file:
+    # escaped so that none can end the script element or be read as markup (contllm.pages).
+    payload = json_in_html(data)
+    heading = html_text(title or f"{data['experiment'] or 'sweep'} explorer")
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{html.escape(heading)}</title>\n<style>\n{_asset('explorer.css')}</style>\n</head>\n<body>\n"
-        f"<h1>{html.escape(heading)}</h1>\n{_asset('explorer.html')}\n"
+        f"<title>{heading}</title>\n<style>\n{_asset('explorer.css')}</style>\n</head>\n<body>\n"
+        f"<h1>{heading}</h1>\n{_asset('explorer.html')}\n"
         f'<script type="application/json" id="explorer-data">{payload}</script>\n'
         f"<script>\n{_asset('explorer.js')}</script>\n</body>\n</html>\n"
     )
@@ -138,9 +152,9 @@ class Exploration:
         """HTML bars of the tracked tokens at the k-th factor, with each token's duration drawn below."""
         rows = "".join(
             f'<div style="display:flex;gap:6px;align-items:center;font:12px monospace">'
-            f'<span style="width:8em;text-align:right;white-space:pre">{html.escape(label)}</span>'
+            f'<span style="width:8em;text-align:right;white-space:pre">{html_text(label)}</span>'
             f'<span style="width:{240 * p:.1f}px;height:12px;background:#4a7bd0;display:inline-block"></span>'
-            f'<span data-label="{html.escape(label)}">{p:.4f}</span></div>'
+            f'<span data-label="{html_text(label)}">{p:.4f}</span></div>'
             for label, p in zip(self.labels, self.probs[k])
         )
         signal = self.signals[k]

@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import csv
+import hashlib
 import io
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -105,13 +107,16 @@ def atomic_write_json(path: str | Path, data: Any) -> Path:
 #: Deepest nesting of lists and objects a JSON file may hold. The toolkit's own files nest
 #: a few levels; a deeper one is refused, so that nothing downstream recurses without bound.
 MAX_JSON_DEPTH = 100
+#: A JSON escape of a UTF-16 surrogate, the only way a JSON text can hold a lone one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def parse_json(text: str | bytes, what: str, error: type[Exception] = RunDirectoryError) -> Any:
     """The JSON value in ``text``; ``error`` (a toolkit error type) naming ``what`` when it is not valid JSON.
 
-    Nesting deeper than :data:`MAX_JSON_DEPTH`, numbers past Python's digit limit and
-    anything the parser cannot take are one error, never a RecursionError or a traceback.
+    Nesting deeper than :data:`MAX_JSON_DEPTH`, numbers past Python's digit limit, a
+    string holding a lone surrogate (which no tokenizer or file can take) and anything the
+    parser cannot take are one error, never a RecursionError or a traceback.
     """
     try:
         value = json.loads(text)
@@ -122,6 +127,13 @@ def parse_json(text: str | bytes, what: str, error: type[Exception] = RunDirecto
         raise error(f"{what}: not valid JSON ({message[:200]})") from None
     if _too_deep(value):
         raise error(f"{what}: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+    if _SURROGATE_ESCAPE.search(text if isinstance(text, str) else text.decode("utf-8", "replace")):
+        try:  # paired escapes decode to one character; a lone one is no character, and no file can hold it
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise error(
+                f"{what}: a string holds a lone surrogate escape (\\ud800-\\udfff), which is no character"
+            ) from None
     return value
 
 
@@ -192,3 +204,53 @@ def safe_name(text: str) -> str:
     """``text`` as one file-name component: letters, digits, '-', '_' and '.' kept, the rest '_'."""
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
     return name if name.strip(".") else name.replace(".", "_")
+
+
+#: A text kept as its own file name: ASCII letters, digits, '_', '-', '.' (not first), at most 100 characters.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
+#: Endings a plain name may not have: the marks of the toolkit's temporary files and of records.
+_RESERVED_ENDINGS = (".tmp", ".json")
+#: Longest readable part of a hashed name, in characters and in UTF-8 bytes: with the hash,
+#: an extension and a temporary file's additions the name stays under 255 bytes.
+_READABLE_CHARS = 80
+_READABLE_BYTES = 200
+
+
+def data_name(text: str) -> str:
+    """``text`` (an item id, a label: anything read from data or a results file) as one safe file-name component.
+
+    A plain text (see :data:`_PLAIN_NAME`, not ending in .tmp or .json) is its own name;
+    any other text becomes its letters and digits (at most 80 characters and 200 bytes)
+    then '~' and 20 hex digits of its sha256, where '~' never occurs in a plain name, so
+    distinct texts never share a name. The result never holds a separator, is never "."
+    or "..", never starts with '.' (the mark of a temporary file) and is at most 221
+    bytes long. Every path the toolkit derives from data goes through it.
+    """
+    if _PLAIN_NAME.fullmatch(text) and not text.endswith(_RESERVED_ENDINGS):
+        return text
+    readable = safe_name(text)[:_READABLE_CHARS].lstrip(".")
+    while len(readable.encode("utf-8")) > _READABLE_BYTES:
+        readable = readable[:-1]
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+    return f"{readable}~{digest}"
+
+
+def inside(directory: str | Path, relative: str | Path) -> Path:
+    """``directory / relative``, checked to stay inside ``directory``; RunDirectoryError otherwise.
+
+    Refused: an absolute path, a '..' part, a NUL byte, and a path that resolves (through
+    a symbolic link on the way) to a place outside the directory. Every writer of a run's
+    outputs calls it before it writes, whatever the name was made from.
+    """
+    directory, relative = Path(directory), Path(relative)
+    try:
+        path = directory / relative
+        escapes = relative.is_absolute() or ".." in relative.parts or not relative.parts
+        escapes = escapes or not path.resolve().is_relative_to(directory.resolve())
+    except (ValueError, OSError):  # a NUL byte, a loop of links
+        escapes = True
+    if escapes:
+        shown = repr(str(relative))
+        shown = shown if len(shown) <= 80 else f"{shown[:60]}... ({len(str(relative))} characters)"
+        raise RunDirectoryError(f"refusing to write {shown}: it is not inside {directory}")
+    return path

@@ -24,7 +24,11 @@ from typing import Any, NoReturn
 import click
 
 from contllm.cli_errors import OneLineCommand
+from contllm.decoding import MAX_NEW_TOKENS, check_options
 from contllm.errors import ContllmError, SignalError
+from contllm.experiments.options import read_value
+from contllm.numerals import MAX_TIME, MIN_MAGNITUDE, as_number
+from contllm.settings import check_seed, dtype_name
 
 _SPAN = re.compile(r"^(\d+):(\d+)$")
 
@@ -44,12 +48,18 @@ class Edit:
 
 
 def _factor(text: str, where: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise SignalError(f"{where}: the factor {text!r} is not a number; write WORD=FACTOR, e.g. apple=0.5") from None
-    if not value >= 0 or value == float("inf"):
-        raise SignalError(f"{where}: the factor must be finite and >= 0, got {text}")
+    value = as_number(text)
+    if value is None:
+        raise SignalError(f"{where}: the factor {text!r} is not a number; write WORD=FACTOR, e.g. apple=0.5")
+    if not 0 <= value <= MAX_TIME:
+        raise SignalError(
+            f"{where}: the factor must lie in 0..{MAX_TIME:g} (contllm.signal.MAX_TIME: a token scaled by more "
+            f"ends past the largest time a signal holds), got {text}"
+        )
+    if 0 < value < MIN_MAGNITUDE:
+        raise SignalError(
+            f"{where}: the factor {text} is too close to 0 to compute with (the smallest is {MIN_MAGNITUDE:.3g})"
+        )
     return value
 
 
@@ -86,13 +96,24 @@ def parse_edits(prompt: str, scales: tuple[str, ...], deletes: tuple[str, ...]) 
     return edits
 
 
+def _check_text(text: str, what: str) -> None:
+    """SignalError when ``text`` (as the shell passed it) holds bytes that are not UTF-8: no tokenizer takes them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SignalError(
+            f"{what} is not valid UTF-8 text: {text.encode('utf-8', 'backslashreplace')[:60]!r}"
+        ) from None
+
+
 def _number(text: str | None, name: str, kind: type) -> Any:
+    """``text`` read as every command reads a count or a number (:func:`contllm.experiments.options.read_value`)."""
     if text is None:
         return None
     try:
-        return kind(text)
-    except ValueError:
-        raise SignalError(f"{name} takes {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        return read_value(text, "int" if kind is int else "float", name)
+    except ContllmError as exc:
+        raise SignalError(str(exc)) from None
 
 
 def _steps(generation: Any, tokenizer: Any) -> list[dict[str, Any]]:
@@ -127,13 +148,22 @@ class Request:
 
 
 def request(prompt: str, values: dict[str, Any]) -> Request:
-    """The command's values checked (SignalError or ContllmError naming the bad one); nothing is loaded."""
-    from contllm.generation import MAX_NEW_TOKENS
+    """The command's values checked (SignalError or ContllmError naming the bad one); nothing is loaded.
 
+    Imports neither torch nor a model: a bad value is refused at once.
+    """
     if not prompt.strip():
         raise SignalError(
             'the prompt is empty; give the text to continue, e.g. contllm generate "The capital of France is"'
         )
+    for what, texts in (
+        ("the prompt", [prompt]),
+        ("--scale", values["scale"]),
+        ("--delete", values["delete"]),
+        ("--stop", values["stop"]),
+    ):
+        for text in texts:
+            _check_text(text, what)
     edits = parse_edits(prompt, values["scale"], values["delete"])
     steps = _number(values["max_new_tokens"], "--max-new-tokens", int)
     if not 0 <= steps <= MAX_NEW_TOKENS:
@@ -150,21 +180,21 @@ def request(prompt: str, values: dict[str, Any]) -> Request:
         "temperature": _number(values["temperature"], "--temperature", float),
         "top_k": _number(values["top_k"], "--top-k", int),
         "top_p": _number(values["top_p"], "--top-p", float),
-        "seed": _number(values["seed"], "--seed", int),
+        "seed": None if values["seed"] is None else check_seed(values["seed"], "--seed"),
         "stop": list(values["stop"]) or None,
         "stop_at_eos": values["eos"],
         "probs": top,
     }
-    if values["dtype"] not in (None, "float32", "bfloat16", "float16"):
-        raise ContllmError(f"--dtype must be float32, bfloat16 or float16, got {values['dtype']!r}")
+    if values["dtype"] is not None and dtype_name(values["dtype"]) is None:  # the names `contllm run` takes
+        raise ContllmError(
+            f"--dtype must be float32, bfloat16 or float16 (or fp32, bf16, fp16), got {values['dtype']!r}"
+        )
     _check_generation_options(options)
     return Request(prompt, edits, values["model"], values["device"], values["dtype"], options)
 
 
 def _check_generation_options(options: dict[str, Any]) -> None:
     """The generation options checked as :func:`contllm.generation.generate` checks them, before any model loads."""
-    from contllm.generation import check_options
-
     check_options(**{k: v for k, v in options.items() if k != "probs"})
 
 

@@ -28,24 +28,19 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from contllm.activations import ActivationCache, activation_names, run_with_cache
+from contllm.decoding import MAX_NEW_TOKENS, Duration, Sampler, check_options, check_time
 from contllm.engine import check_inputs, check_signals, evaluation
 from contllm.errors import SignalError
 from contllm.signal import Signal, pad_signals
 
 __all__ = ["GENERATE_OPTIONS", "MAX_NEW_TOKENS", "Generation", "Step", "check_options", "generate"]
-
-#: Most tokens one call may generate per signal: a KV cache of this many steps stays a few
-#: hundred MB on the embedded models, and a loop past it is a mistake rather than a wish.
-MAX_NEW_TOKENS = 4096
-
-Duration = float | Sequence[float] | Callable[..., float]
 
 
 @dataclass
@@ -116,104 +111,21 @@ def eos_ids(model: Any) -> set[int]:
 
 
 # ---------------------------------------------------------------------- argument checks
-def _number(value: Any, name: str, *, low: float | None = None, positive: bool = False) -> float:
-    if (
-        isinstance(value, (bool, str, bytes))
-        or not isinstance(value, (int, float))
-        and not (isinstance(value, torch.Tensor) and value.ndim == 0)
-    ):
-        raise SignalError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or (positive and number <= 0) or (low is not None and number < low):
-        bound = "> 0" if positive else f">= {low:g}"
-        raise SignalError(f"{name} must be finite and {bound}, got {value!r}")
-    return number
-
-
-def check_max_new_tokens(value: Any) -> int:
-    """``value`` as a count of new tokens in [0, MAX_NEW_TOKENS]; SignalError otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SignalError(f"max_new_tokens must be an integer >= 0, got {value!r}")
-    if value > MAX_NEW_TOKENS:
-        raise SignalError(
-            f"max_new_tokens is {value}, more than contllm.generation.MAX_NEW_TOKENS = {MAX_NEW_TOKENS}; "
-            "generate in several calls, continuing from Generation.signal"
-        )
-    return value
-
-
-def _duration_rule(duration: Duration, steps: int) -> Callable[[int, list[int]], float]:
-    """``duration`` as a function (step, token ids so far) -> checked duration."""
-    if callable(duration):
-        try:
-            takes = len(inspect.signature(duration).parameters)
-        except (TypeError, ValueError):
-            takes = 1
-        if takes not in (1, 2):
-            raise SignalError(
-                f"a duration function takes (step) or (step, token_ids), this one takes {takes} arguments"
-            )
-
-        def call(step: int, ids: list[int]) -> float:
-            value = duration(step, list(ids)) if takes == 2 else duration(step)
-            return _number(value, f"the duration of step {step}", low=0.0)
-
-        return call
-    if isinstance(duration, (list, tuple, torch.Tensor)):
-        values = [_number(v, f"duration[{i}]", low=0.0) for i, v in enumerate(duration)]
-        if len(values) < steps:
-            raise SignalError(f"duration lists {len(values)} values for max_new_tokens = {steps}; give one per step")
-        return lambda step, ids: values[step]
-    fixed = _number(duration, "duration", low=0.0)
-    return lambda step, ids: fixed
-
-
-@dataclass(frozen=True)
-class _Sampler:
-    sample: bool
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-
-    def pick(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
-        """The next token from one row's logits [vocab]."""
-        if not self.sample:
-            return int(logits.argmax())
-        scores = logits.float().cpu() / self.temperature
-        if self.top_k is not None and self.top_k < scores.numel():
-            kth = torch.topk(scores, self.top_k).values[-1]
-            scores = scores.masked_fill(scores < kth, -math.inf)
-        if self.top_p is not None and self.top_p < 1.0:
-            ordered, order = torch.sort(scores, descending=True)
-            before = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1) - torch.softmax(ordered, dim=-1)
-            drop = torch.zeros_like(scores, dtype=torch.bool)
-            drop[order] = before >= self.top_p  # the most likely token is always kept (before = 0)
-            scores = scores.masked_fill(drop, -math.inf)
-        return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
-
-
-def _sampler(sample: Any, temperature: Any, top_k: Any, top_p: Any, seed: Any) -> _Sampler:
-    if not isinstance(sample, bool):
-        raise SignalError(f"sample must be True or False, got {sample!r}")
-    given = [
-        n
-        for n, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("seed", seed))
-        if v is not None
-    ]
-    if given and not sample:
-        raise SignalError(
-            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling; "
-            "pass sample=True (--sample on the command line); greedy decoding takes none"
-        )
-    t = 1.0 if temperature is None else _number(temperature, "temperature", positive=True)
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise SignalError(f"top_k must be an integer >= 1, got {top_k!r}")
-    p = None if top_p is None else _number(top_p, "top_p", positive=True)
-    if p is not None and p > 1:
-        raise SignalError(f"top_p must lie in (0, 1], got {top_p!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise SignalError(f"seed must be an integer >= 0, got {seed!r}")
-    return _Sampler(sample, t, top_k, p)
+def _pick(sampler: Sampler, logits: torch.Tensor, generator: torch.Generator | None) -> int:
+    """The next token from one row's logits [vocab]."""
+    if not sampler.sample:
+        return int(logits.argmax())
+    scores = logits.float().cpu() / sampler.temperature
+    if sampler.top_k is not None and sampler.top_k < scores.numel():
+        kth = torch.topk(scores, sampler.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    if sampler.top_p is not None and sampler.top_p < 1.0:
+        ordered, order = torch.sort(scores, descending=True)
+        before = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1) - torch.softmax(ordered, dim=-1)
+        drop = torch.zeros_like(scores, dtype=torch.bool)
+        drop[order] = before >= sampler.top_p  # the most likely token is always kept (before = 0)
+        scores = scores.masked_fill(drop, -math.inf)
+    return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
 
 
 def _probs_request(probs: Any, vocab: int) -> int | str | None:
@@ -222,43 +134,6 @@ def _probs_request(probs: Any, vocab: int) -> int | str | None:
     if isinstance(probs, bool) or not isinstance(probs, int) or probs < 1:
         raise SignalError(f"probs must be None, 'full' or a number of top tokens >= 1, got {probs!r}")
     return min(probs, vocab)
-
-
-def _stop_strings(stop: Any) -> list[str]:
-    if stop is None:
-        return []
-    items = [stop] if isinstance(stop, str) else stop
-    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
-        raise SignalError(f"stop must be a non-empty string or a list of them, got {stop!r}")
-    return list(items)
-
-
-def check_options(
-    max_new_tokens: Any = 20,
-    *,
-    duration: Any = 1.0,
-    sample: Any = False,
-    temperature: Any = None,
-    top_k: Any = None,
-    top_p: Any = None,
-    seed: Any = None,
-    stop: Any = None,
-    stop_at_eos: Any = True,
-) -> tuple[int, Callable[[int, list[int]], float], _Sampler, list[str]]:
-    """The options of :func:`generate` that need no model, checked; SignalError naming the first bad one.
-
-    Returns the step count, the duration rule (step, token ids) -> duration, the sampler
-    and the stop strings.
-    """
-    steps = check_max_new_tokens(max_new_tokens)
-    if not isinstance(stop_at_eos, bool):
-        raise SignalError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
-    return (
-        steps,
-        _duration_rule(duration, steps),
-        _sampler(sample, temperature, top_k, top_p, seed),
-        _stop_strings(stop),
-    )
 
 
 def _check_names(lm: Any, names: Any) -> None:
@@ -321,6 +196,8 @@ def generate(
         stop=stop,
         stop_at_eos=stop_at_eos,
     )
+    for s in items:  # the prompt's end plus what the tokens add must stay a time a signal can hold
+        check_time(duration, steps, float(s.end))
     if stops and lm.tokenizer is None:
         raise SignalError("stop strings need a tokenizer to decode the continuation; this model has none")
     vocab = int(lm.model.get_input_embeddings().weight.shape[0])
@@ -352,7 +229,7 @@ def generate(
                     times_in.append(times[r])
                     durations_in.append(0.0)
                     continue
-                token = sampler.pick(last[r], generators[r])
+                token = _pick(sampler, last[r], generators[r])
                 new_ids[r].append(token)
                 d = rule(k, new_ids[r])
                 times[r] += d

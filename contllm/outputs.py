@@ -18,7 +18,7 @@ from typing import Any
 from contllm import registry
 from contllm.errors import ExperimentError, MissingDependencyError
 from contllm.experiments.base import Experiment, Records, Table
-from contllm.files import atomic_write_json, atomic_write_text, safe_name, write_csv
+from contllm.files import atomic_write_json, atomic_write_text, data_name, inside, write_csv
 from contllm.settings import DEFAULT_FORMATS
 from contllm.settings import figure_formats as checked_formats
 
@@ -69,7 +69,7 @@ def result_tables(experiment: Any, result: Any) -> dict[str, Table]:
 def write_tables(out: Output) -> None:
     """<stem>.csv for each of the experiment's tables (see :func:`result_tables`)."""
     for stem, (columns, rows) in result_tables(out.experiment, out.result).items():
-        write_csv(out.directory / f"{stem}.csv", columns, rows)
+        write_csv(inside(out.directory, f"{stem}.csv"), columns, rows)
 
 
 def write_summary(out: Output) -> None:
@@ -79,11 +79,20 @@ def write_summary(out: Output) -> None:
 
 
 def write_figures(out: Output) -> None:
-    """figures/<name>.<format> for each of the experiment's figures and each of ``out.formats``."""
-    from contllm.plotting import save_figure
+    """figures/<name>.<format> for each of the experiment's figures and each of ``out.formats``.
+
+    A name that would leave the run directory (an experiment that does not name its item
+    figures by :func:`contllm.files.data_name`) is refused before its figure is saved.
+    """
+    from contllm.plotting import plt, save_figure
 
     for name, fig in drawn_figures(out):
-        out.written += save_figure(fig, out.directory / "figures" / name, formats=out.formats)
+        try:
+            stem = inside(out.directory, Path("figures") / name)
+        except BaseException:
+            plt.close(fig)
+            raise
+        out.written += save_figure(fig, stem, formats=out.formats)
 
 
 def drawn_figures(out: Output) -> Iterator[tuple[str, Any]]:
@@ -101,13 +110,13 @@ def drawn_figures(out: Output) -> Iterator[tuple[str, Any]]:
         yield from experiment.figures(result, per_item=False)
         for record in result.records:
             item_id = getattr(record, "item_id", None)
-            fig = experiment.item_figure(result, record) if item_id in wanted else None
+            fig = experiment.item_figure(result, record) if isinstance(item_id, str) and item_id in wanted else None
             if fig is not None:
-                yield f"items/{item_id}", fig
+                yield f"items/{data_name(str(item_id))}", fig
         return
     from contllm.plotting import plt
 
-    names = {f"items/{i}" for i in wanted} | {f"items/{safe_name(i)}" for i in wanted}
+    names = {f"items/{data_name(i)}" for i in wanted}
     for name, fig in experiment.figures(result, per_item=True):
         if name.startswith("items/") and name not in names:
             plt.close(fig)
@@ -116,13 +125,16 @@ def drawn_figures(out: Output) -> Iterator[tuple[str, Any]]:
 
 
 def write_documents(out: Output) -> None:
-    """The experiment's extra documents (self-contained HTML, ...), at the paths it names (per item: of ``out.items`` when given)."""
-    wanted = None if out.items is None else set(out.items) | {safe_name(i) for i in out.items}
+    """The experiment's extra documents (self-contained HTML, ...), at the paths it names (per item: of ``out.items`` when given).
+
+    A path that would leave the run directory is refused before anything is written there.
+    """
+    wanted = None if out.items is None else {data_name(i) for i in out.items}
     for relative, text in out.experiment.documents(out.result, per_item=out.item_figures):
-        path = Path(relative)
+        path = inside(out.directory, relative)
         if wanted is not None and path.parent.name == "items" and path.stem not in wanted:
             continue
-        out.written.append(atomic_write_text(out.directory / path, text))
+        out.written.append(atomic_write_text(path, text))
 
 
 def write_explorer(out: Output) -> None:
@@ -225,7 +237,7 @@ def figure(result: Any, item: str | None = None, *, name: str | None = None) -> 
     """A matplotlib figure of a result: its summary figure, or the figure of one item; ExperimentError when it has none."""
     from contllm.plotting import plt
 
-    wanted = "summary" if item is None else f"items/{item}"
+    wanted = "summary" if item is None else f"items/{data_name(item)}"
     experiment = registry.get(name or result.experiment)
     for key, fig in experiment.figures(result, per_item=item is not None):
         if key == wanted:

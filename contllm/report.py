@@ -17,6 +17,7 @@ ranks the runs by each declared metric. Only runs of one experiment can be compa
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,7 +94,7 @@ def load_run(path: str | Path) -> Run:
         table = pd.concat([r.to_pandas() for r in runs])
         table.groupby(["model", "factor"])["probability"].mean()
     """
-    path = Path(path)
+    path = _run_path(path)
     if not path.is_dir():
         why = "it does not exist" if not path.exists() else "it is not a directory"
         raise RunDirectoryError(f"{path} is not a run directory ({why}); give directories written by 'contllm run'")
@@ -133,12 +134,23 @@ def load_run(path: str | Path) -> Run:
     return Run(path, config, manifest, str(name), result, summary)
 
 
+def _run_path(path: Any, what: str = "a run directory") -> Path:
+    """``path`` (a str or path-like) as a Path; RunDirectoryError for anything else or an empty string."""
+    if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes) or not str(path).strip():
+        raise RunDirectoryError(
+            f"{what} must be a path (a str or pathlib.Path), got {type(path).__name__} {path!r:.60}"
+        )
+    return Path(path)
+
+
 def load_runs(run_dirs: Sequence[str | Path]) -> list[Run]:
     """Read run directories of one experiment, each once, and give each run a legend label."""
+    if isinstance(run_dirs, (str, os.PathLike)) or not isinstance(run_dirs, Sequence):
+        raise RunDirectoryError(f"run directories must be a list of paths, got {type(run_dirs).__name__}")
     if not run_dirs:
         raise RunDirectoryError("no run directories given; give one or more directories written by 'contllm run'")
     seen: dict[Path, Path] = {}
-    for given in map(Path, run_dirs):
+    for given in map(_run_path, run_dirs):
         key = given.resolve()
         if key in seen:
             also = "" if str(given) == str(seen[key]) else f" (also as {seen[key]})"
@@ -304,7 +316,7 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, *, force: bool
     figure is drawn where the experiment has one. Returns the paths written. Raises
     RunDirectoryError naming the directory that is wrong.
     """
-    out = Path(out)
+    out = _run_path(out, "the report's directory (out)")
     runs = load_runs(run_dirs)
     _check_out(out, [r.path for r in runs], force)
     experiment = registry.get(runs[0].experiment)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,9 @@ from contllm.experiments.base import Experiment, RunContext
 from contllm.logs import note
 from contllm.outputs import save
 from contllm.runs import RunDir, base_manifest, default_out, now
-from contllm.settings import ITEM_FIGURES_UP_TO, RunSettings, group_bytes_from_env
+from contllm.settings import ITEM_FIGURES_UP_TO, SETTINGS, RunSettings, group_bytes_from_env
 
 Say = Callable[[str], None]
-
-#: The keyword arguments of :func:`run` and :func:`check_run` that build a :class:`RunSettings`.
-SETTINGS = tuple(f.name for f in fields(RunSettings))
 
 
 def _quiet(message: str) -> None:
@@ -452,7 +449,7 @@ def _note_half_precision(dtype: str | None, device: str, say: Say) -> None:
 
     try:
         kind = parse_dtype(dtype)
-    except ModelLoadError:  # a bad name is refused where the model loads
+    except ModelLoadError:  # RunSettings refuses a bad name first; a model loads with its own check too
         return
     on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     if is_half(kind) and on_cpu and (note := half_precision_note(kind)):

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
-import hashlib
 import os
 import platform
 import re
@@ -44,10 +43,10 @@ from typing import Any
 from contllm.errors import RunDirectoryError
 from contllm.files import (
     atomic_write_json,
+    data_name,
     fsync_dir,
     read_json,
     recording_writes,
-    safe_name,
 )
 
 CONFIG = "config.json"
@@ -58,12 +57,12 @@ SHARDS = "shards"
 FIGURES = "figures"
 #: Entries at the top of a run directory that the toolkit itself writes into or over.
 OWN_ENTRIES = (LOCK, CONFIG, MANIFEST, ITEMS, SHARDS, FIGURES, "results.json", "summary.json")
+#: Those of them that are files (a folder in place of one would stop a run only as it writes there).
+OWN_FILES = (CONFIG, MANIFEST, "results.json", "summary.json")
 #: Longest file-name component most file systems take, in bytes.
 NAME_MAX = 255
 #: Longest path, in bytes (Linux's PATH_MAX, less room for the files inside the run).
 PATH_MAX = 3800
-#: An item id kept as its own file name: letters, digits, '_', '-', '.' (not first), at most 100 characters.
-_PLAIN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 
 
 def now() -> str:
@@ -83,16 +82,67 @@ def is_run_dir(path: str | Path) -> bool:
 
 
 def record_name(item_id: str) -> str:
-    """The file name of ``item_id``'s record: ``<id>.json`` for a plain id, else a readable part and a hash.
+    """The file name of ``item_id``'s record: :func:`contllm.files.data_name` of it plus ".json" (distinct ids, distinct files)."""
+    return f"{data_name(item_id)}.json"
 
-    Distinct ids never share a file: a plain id (see :data:`_PLAIN_ID`) is its own name,
-    and any other id gets ``<letters>~<sha256 prefix>.json``, where '~' never occurs in
-    a plain id. No name starts with '.', the mark of a temporary file.
+
+def check_out(out: Any, *, resume: bool = False, force: bool = False) -> Path:
+    """``out`` as a run directory's path, checked as far as it can be without the run's config; RunDirectoryError otherwise.
+
+    Refused: --resume with --force, an empty or too long path, a file, a place where no
+    directory can be made (under a file or a link to nothing, read-only), a run whose own
+    entries are links; with ``resume``, a run whose config.json or manifest.json cannot be
+    read. What the run's config decides is :class:`RunDir`'s to check.
     """
-    if _PLAIN_ID.fullmatch(item_id) and not item_id.endswith((".tmp", ".json")):
-        return f"{item_id}.json"
-    digest = hashlib.sha256(item_id.encode("utf-8", "surrogatepass")).hexdigest()[:20]
-    return f"{safe_name(item_id)[:80].lstrip('.')}~{digest}.json"
+    check_modes(resume=resume, force=force)
+    if not isinstance(out, (str, os.PathLike)) or not str(out).strip():
+        raise RunDirectoryError(f"the run directory must be a path, got {out!r}")
+    path = Path(out)
+    _check_place(path)
+    if resume and is_run_dir(path):
+        _check_resumable(path)
+    return path
+
+
+def check_modes(*, resume: bool, force: bool) -> None:
+    """RunDirectoryError for --resume with --force."""
+    if resume and force:
+        raise RunDirectoryError("--resume and --force contradict each other; give one")
+
+
+def _check_place(path: Path) -> None:
+    """RunDirectoryError when ``path`` cannot hold a run: too long, a file, not writable, or holding links out."""
+    too_long = [part for part in path.parts if len(os.fsencode(part)) > NAME_MAX]
+    if too_long or len(os.fsencode(path)) > PATH_MAX:
+        what = f"the name {too_long[0][:40]}... is" if too_long else "the path is"
+        raise RunDirectoryError(
+            f"cannot create {str(path)[:80]}...: {what} longer than {NAME_MAX if too_long else PATH_MAX} bytes"
+        )
+    if path.exists() and not path.is_dir():
+        raise RunDirectoryError(f"{path} exists and is not a directory")
+    _check_writable(path)
+    link = _followed_link(path)
+    if link is not None:
+        raise RunDirectoryError(
+            f"{link} is a symbolic link; a run never follows its own entries out of its directory, remove it"
+        )
+    for name in OWN_FILES:
+        if (path / name).exists() and not (path / name).is_file():
+            raise RunDirectoryError(f"{path / name} is not a file, where a run writes one; remove it")
+
+
+def _check_resumable(path: Path) -> None:
+    """RunDirectoryError, saying how to recover, when a run's config.json or manifest.json cannot be read back."""
+    keep = f"remove {path / MANIFEST} to resume (the finished items are kept), or use --force to start over"
+    for name, remedy in ((CONFIG, "the run's settings are lost, use --force to start over"), (MANIFEST, keep)):
+        if name == MANIFEST and not (path / name).exists():
+            continue
+        try:
+            held = read_json(path / name)
+        except RunDirectoryError as exc:
+            raise RunDirectoryError(f"cannot resume: {exc}; {remedy}") from None
+        if not isinstance(held, dict):
+            raise RunDirectoryError(f"cannot resume: {path / name} holds no JSON object; {remedy}")
 
 
 def _check_writable(path: Path) -> None:
@@ -101,6 +151,8 @@ def _check_writable(path: Path) -> None:
         raise RunDirectoryError(f"{path} is a symbolic link to nothing; give a directory")
     existing = path
     while not existing.exists():
+        if existing.is_symlink():  # a folder on the way is a link to nothing: no directory can be made under it
+            raise RunDirectoryError(f"cannot create {path}: {existing} is a symbolic link to nothing")
         if existing.parent == existing:
             break
         existing = existing.parent
@@ -208,11 +260,7 @@ class RunDir:
     """
 
     def __init__(self, out: str | Path, config: dict[str, Any], *, resume: bool = False, force: bool = False) -> None:
-        if resume and force:
-            raise RunDirectoryError("--resume and --force contradict each other; give one")
-        if not isinstance(out, (str, os.PathLike)) or not str(out).strip():
-            raise RunDirectoryError(f"the run directory must be a path, got {out!r}")
-        self.path = Path(out)
+        self.path = check_out(out, resume=resume, force=force)
         self.config = config
         self.resume = resume
         self.force = force
@@ -226,26 +274,14 @@ class RunDir:
     def _check(self) -> None:
         """Decide between a new run, a resumed one and a replaced one; refuse anything else."""
         self.resumed = self._replace = False
-        too_long = [part for part in self.path.parts if len(os.fsencode(part)) > NAME_MAX]
-        if too_long or len(os.fsencode(self.path)) > PATH_MAX:
-            what = f"the name {too_long[0][:40]}... is" if too_long else "the path is"
-            raise RunDirectoryError(
-                f"cannot create {str(self.path)[:80]}...: {what} longer than {NAME_MAX if too_long else PATH_MAX} bytes"
-            )
-        if self.path.exists() and not self.path.is_dir():
-            raise RunDirectoryError(f"{self.path} exists and is not a directory")
-        _check_writable(self.path)
-        link = _followed_link(self.path)
-        if link is not None:
-            raise RunDirectoryError(
-                f"{link} is a symbolic link; a run never follows its own entries out of its directory, remove it"
-            )
+        _check_place(self.path)
         occupied = self.path.is_dir() and any(p.name != LOCK for p in self.path.iterdir())
         if not occupied:
             return
         if self.resume:
             if not is_run_dir(self.path):
                 raise RunDirectoryError(f"cannot resume: {self.path} is not a run directory (no {CONFIG})")
+            _check_resumable(self.path)
             changed = _differences(read_json(self.path / CONFIG), self.config)
             if changed:
                 raise RunDirectoryError(

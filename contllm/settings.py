@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from contllm.errors import ExperimentError
+from contllm.numerals import as_integer
 
 #: Next-token distributions one batch of items may hold at once, in bytes of float32
 #: probabilities. Larger batches compute no less per signal; they only hold more. The
@@ -29,9 +30,10 @@ def group_bytes_from_env() -> int:
     text = os.environ.get(GROUP_BYTES_VARIABLE, "").strip()
     if not text:
         return GROUP_BYTES
-    if not text.isdigit() or int(text) < 1:
-        raise ExperimentError(f"{GROUP_BYTES_VARIABLE} must be a whole number of bytes >= 1, got {text!r}")
-    return int(text)
+    value = as_integer(text)
+    if value is None or value < 1:
+        raise ExperimentError(f"{GROUP_BYTES_VARIABLE} must be a whole number of bytes >= 1, got {_short(text)}")
+    return value
 
 
 #: The figure formats a run can write (matplotlib's names), and the default: a PNG is quick to
@@ -73,13 +75,40 @@ def figure_formats(value: str | Sequence[str], what: str = "--formats") -> tuple
 
 def _default_model() -> str:
     # contllm.models imports torch; the command line's help reads this module's constants without it.
-    from contllm.models import DEFAULT_MODEL
+    from contllm.models.catalog import DEFAULT_MODEL
 
     return DEFAULT_MODEL
 
 
+#: The precisions a model runs in, by every name a user may give, and the dtype each names
+#: (torch's dtypes are taken where the model loads: :func:`contllm.models.parse_dtype`).
+DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
+
+
+def dtype_name(dtype: str) -> str | None:
+    """The dtype ``dtype`` names ("bf16", " torch.bfloat16" -> "bfloat16"), or None for a name of none."""
+    return DTYPE_NAMES.get(dtype.strip().lower().removeprefix("torch."))
+
+
 #: Largest seed: torch, numpy and Python's random all take it.
 MAX_SEED = 2**63 - 1
+
+
+def check_seed(value: Any, what: str = "seed") -> int:
+    """``value`` as a seed: an integer (or its ASCII digits) from 0 to :data:`MAX_SEED`; ExperimentError naming ``what``."""
+    seed = as_integer(value) if isinstance(value, str) else value
+    if seed is None or isinstance(seed, bool) or not isinstance(seed, int):
+        raise ExperimentError(f"{what} must be an integer, got {_short(value)}")
+    if not 0 <= seed <= MAX_SEED:
+        raise ExperimentError(f"{what} must be an integer from 0 to {MAX_SEED} (2**63 - 1), got {_short(value)}")
+    return seed
 
 
 def _short(value: Any) -> str:
@@ -95,6 +124,9 @@ def _items_text(items: str | int) -> str:
     if isinstance(items, int) and items.bit_length() > 60:
         raise ExperimentError(f"item count {_short(items)} is larger than any dataset")
     text = str(items).strip()
+    count = as_integer(text)
+    if count is not None and count <= 0:
+        raise ExperimentError(f"item count must be positive, got {count}")
     if text.isascii() and text.isdigit():
         if len(text.lstrip("0")) > 18:
             raise ExperimentError(f"item count {_short(text)} is larger than any dataset")
@@ -142,16 +174,15 @@ class RunSettings:
             if isinstance(self.items, bool) or not isinstance(self.items, (str, int)):
                 raise ExperimentError(f"items must be a count or a string of ids, got {_short(self.items)}")
             object.__setattr__(self, "items", _items_text(self.items))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+        if isinstance(self.seed, str):  # only Python ints, as the field says; the command line reads its text first
             raise ExperimentError(f"seed must be an integer, got {_short(self.seed)}")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise ExperimentError(f"seed must be an integer from 0 to {MAX_SEED} (2**63 - 1), got {_short(self.seed)}")
-        if self.dtype is not None and not isinstance(self.dtype, str):
-            raise ExperimentError(f"dtype must be a name (float32, bfloat16, float16), got {self.dtype!r}")
+        check_seed(self.seed)
+        if self.dtype is not None and (not isinstance(self.dtype, str) or dtype_name(self.dtype) is None):
+            raise ExperimentError(f"dtype must be a name ({', '.join(DTYPE_NAMES)}), got {_short(self.dtype)}")
         _positive_int(self.max_batch_tokens, "--max-batch-tokens")
         _positive_int(self.group_bytes, GROUP_BYTES_VARIABLE)
         if self.device_map is not None:
-            from contllm.models import check_device_map
+            from contllm.distributed import check_device_map
 
             check_device_map(self.device_map)
         if self.item_figures is not None and not isinstance(self.item_figures, bool):
@@ -187,3 +218,7 @@ class RunSettings:
             "max_batch_tokens": self.max_batch_tokens,
             "group_bytes": self.group_bytes,
         }
+
+
+#: The names of :class:`RunSettings`' fields: the run options that change how records are made or drawn.
+SETTINGS = tuple(f.name for f in fields(RunSettings))

@@ -32,18 +32,12 @@ from typing import Any
 import torch
 
 from contllm.errors import SignalError
+from contllm.numerals import MAX_TIME
 
 Span = tuple[int, int]
 
 #: Time of the integration start; with it, unit durations give times 0, 1, 2, ...
 DEFAULT_START = -1.0
-
-#: Largest |time| a signal may hold. The model reads times as float32 positions, whose
-#: spacing is 1 from 2**23 (8.4e6) on and 2 past 2**24: beyond this bound the rotary angles
-#: (or learned-table rows) of neighbouring tokens can no longer be told apart, and at
-#: about 3.4e38 they overflow to inf and every output turns NaN. No real context comes
-#: near it (a model's max_position_embeddings is about 1e5 at most).
-MAX_TIME = 1e7
 
 
 def _as_float_vector(values: Any, name: str) -> torch.Tensor:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +92,11 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
     """Parse and check a spec file; ExperimentError names the file and the problem.
 
     model, items, samples: the command line's, in place of the spec's models, and of every
-    experiment's items and samples (samples only where the experiment takes it).
+    experiment's items and samples (samples only where the experiment takes it). The file's
+    shape and every value's kind are checked from the experiments' declarations first
+    (:mod:`contllm.cli_index`, no torch imported); then each experiment checks its options.
     """
-    from contllm import registry
-    from contllm.data import select_items
-    from contllm.models import DEFAULT_MODEL
+    from contllm import cli_index, registry
 
     where = str(path)
     if not path.is_file():
@@ -108,7 +108,7 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
         raise ExperimentError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(TOP_KEYS))}")
-    models = [model] if model is not None else data.get("models", [DEFAULT_MODEL])
+    models = [model] if model is not None else data.get("models", [cli_index.models()[0]])
     if isinstance(models, str):
         models = [models]
     if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
@@ -137,7 +137,18 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
     experiments = data.get("experiment")
     if not isinstance(experiments, list) or not experiments:
         raise ExperimentError(f"{where}: no [[experiment]] tables; add at least one with a 'name'")
-    entries: list[SpecEntry] = []
+    try:  # the settings every entry shares, checked once
+        settings = RunSettings(
+            model=models[0],
+            seed=seed,
+            dtype=dtype,
+            item_figures=item_figures,
+            formats=formats,
+            max_batch_tokens=max_batch_tokens,
+        )
+    except ExperimentError as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
+    tables: list[tuple[str, str, dict[str, Any], str | None]] = []
     labels: set[str] = set()
     for k, table in enumerate(experiments, start=1):
         if not isinstance(table, dict):
@@ -147,8 +158,8 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
             raise ExperimentError(
                 f"{where}: experiment {k}: name must be one of {', '.join(registry.names())}, got {name!r}"
             )
-        experiment = registry.get(name)
-        allowed = ENTRY_KEYS | {o.name for o in experiment.options}
+        declared = cli_index.declaration(name)
+        allowed = ENTRY_KEYS | {o.name for o in declared.options}
         table = {
             **table,
             **({} if items is None else {"items": items}),
@@ -171,34 +182,45 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
         if label in labels:
             raise ExperimentError(f"{where}: experiment {k}: label {label!r} is used twice; give each a 'label'")
         labels.add(label)
-        if not experiment.engine and max_batch_tokens is not None:
+        if not declared.engine and max_batch_tokens is not None:
             raise ExperimentError(f"{where}: experiment {k} ({label}): max_batch_tokens does not apply to {name}")
         options = {key: v for key, v in table.items() if key not in ENTRY_KEYS}
-        items = table.get("items")
-        if items is not None and (isinstance(items, bool) or not isinstance(items, (str, int))):
+        chosen = table.get("items")  # this experiment's own, or the command line's for every one
+        if chosen is not None and (isinstance(chosen, bool) or not isinstance(chosen, (str, int))):
             raise ExperimentError(f"{where}: experiment {k} ({label}): 'items' must be a count or a string of ids")
+        chosen = None if chosen is None else str(chosen)
         try:
-            config = experiment.config(options)
-            select_items(experiment.items(config), items)
-            settings = [
-                RunSettings(
-                    model=model,
-                    items=items,
-                    seed=seed,
-                    dtype=dtype,
-                    item_figures=item_figures,
-                    formats=formats,
-                    max_batch_tokens=max_batch_tokens,
-                )
-                for model in models
-            ]
-            for one in settings:
-                one.check_for(experiment)
+            declared.check_values(options)
+            replace(settings, items=chosen)
         except ExperimentError as exc:
             raise ExperimentError(f"{where}: experiment {k} ({label}): {exc}") from None
-        entries += [SpecEntry(name, label, options, one) for one in settings]
+        tables.append((name, label, options, chosen))
+    entries: list[SpecEntry] = []
+    for k, (name, label, options, chosen) in enumerate(tables, start=1):
+        try:
+            entries += _entries(name, label, options, chosen, models, settings)
+        except ExperimentError as exc:
+            raise ExperimentError(f"{where}: experiment {k} ({label}): {exc}") from None
     root = Path(out) if out is not None else Path("runs") / path.stem
     return Spec(path, root, models, device, entries)
+
+
+def _entries(
+    name: str, label: str, options: dict[str, Any], items: str | None, models: list[str], shared: RunSettings
+) -> list[SpecEntry]:
+    """One checked entry per model of experiment ``name`` (imports the experiment); ExperimentError otherwise."""
+    from contllm import registry
+    from contllm.data import select_items
+
+    experiment = registry.get(name)
+    config = experiment.config(options)
+    select_items(experiment.items(config), items)
+    out = []
+    for model in models:
+        settings = replace(shared, model=model, items=items)
+        settings.check_for(experiment)
+        out.append(SpecEntry(name, label, options, settings))
+    return out
 
 
 def _model_dir(model: str) -> str:
@@ -225,18 +247,20 @@ def run_spec(
     dtype and formats (the figure formats, "png,pdf") override the spec's; model, items
     and samples as :func:`load_spec` says.
     """
-    from dataclasses import replace
+    from contllm.runs import check_modes
 
-    from contllm import load
+    check_modes(resume=resume, force=force)  # the command line's own mistakes first, before any experiment loads
+    drawn_as = figure_formats(formats) if formats is not None else None
+    spec = load_spec(path, model=model, items=items, samples=samples)
+    from contllm import load  # the heavy modules once the spec holds
     from contllm.distributed import start_processes
     from contllm.runner import run
 
-    spec = load_spec(path, model=model, items=items, samples=samples)
     root = out if out is not None else spec.out
     device = device if device not in (None, "auto") else spec.device
     entries = [replace(e, settings=replace(e.settings, dtype=dtype)) if dtype else e for e in spec.entries]
-    if formats is not None:
-        entries = [replace(e, settings=replace(e.settings, formats=figure_formats(formats))) for e in entries]
+    if drawn_as is not None:
+        entries = [replace(e, settings=replace(e.settings, formats=drawn_as)) for e in entries]
     # Under a launch each process loads on its own device, and the main process fills the model cache first.
     procs = start_processes(device)
     targets = check_targets(spec, entries, Path(root), resume=resume, force=force, device=procs.device or device)

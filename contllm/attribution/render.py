@@ -8,11 +8,12 @@ string; nothing is written here.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+from contllm.pages import html_text
 
 #: Characters per line of the text heatmap before a line is wrapped.
 WRAP = 96
@@ -115,23 +116,23 @@ def html_page(record: Any, *, model: str = "") -> str:
     span = set(record.span)
     out = []
     for i, piece in _pieces(record):
-        text = html.escape(piece).replace("\n", "<br>\n")
+        text = html_text(piece).replace("\n", "<br>\n")
         if i in values["attribution"]:
             tip = " ".join(f"{m} {values[m][i]:+.4g}" for m in values)
             style = f"background:{_colour(values['attribution'][i], top)}"
             cls = ' class="span"' if i in span else ""
-            out.append(f'<span{cls} style="{style}" title="token {i}: {html.escape(tip)}">{text}</span>')
+            out.append(f'<span{cls} style="{style}" title="token {i}: {html_text(tip)}">{text}</span>')
         else:
             out.append(f'<span class="off" title="token {i}: not attributed">{text}</span>')
     order = sorted(range(len(record.tokens)), key=lambda k: -abs(float(record.attribution[k])))
     rows = "\n".join(
-        f"<tr><td>{record.tokens[k]}</td><td><code>{html.escape(repr(record.text[slice(*record.offsets[record.tokens[k]])]))}</code></td>"
+        f"<tr><td>{html_text(record.tokens[k])}</td><td><code>{html_text(repr(record.text[slice(*record.offsets[record.tokens[k]])]))}</code></td>"
         f"<td>{'yes' if record.tokens[k] in span else ''}</td><td>{record.attribution[k]:+.5f}</td>"
         f"<td>{record.occlusion[k]:+.5f}</td><td>{record.shrink[k]:+.5f}</td></tr>"
         for k in order
     )
     total = record.full - record.baseline
-    head = html.escape(f"{model} · {record.item_id} · {record.readout}")
+    head = html_text(f"{model} · {record.item_id} · {record.readout}")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{head}</title>
 <style>

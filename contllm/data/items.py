@@ -319,7 +319,7 @@ def select_items(items: Sequence[ItemT], spec: str | int | None) -> list[ItemT]:
         text = spec.strip()
         if not text:
             raise ExperimentError("item spec is empty; give a count N or comma-separated item ids")
-        if re.fullmatch(r"[+-]?\d+", text):
+        if re.fullmatch(r"[+-]?[0-9]+", text):  # ASCII digits only, as every count is read
             spec = int(text)
     if isinstance(spec, int):
         if spec <= 0:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from contllm.data.user import Row
+from contllm.numerals import as_integer
 
 __all__ = [
     "COUNTING_FIELDS",
@@ -96,8 +97,8 @@ def _counting_fields(row: Row) -> list[dict[str, Any]]:
         raise row.error("is an empty list", "repetitions")
     out = []
     for n in counts if many else [counts]:
-        if row.csv and isinstance(n, str) and n.strip().isdigit():
-            n = int(n)
+        if row.csv and isinstance(n, str) and as_integer(n) is not None:
+            n = as_integer(n)
         n = _digit_count(row, "repetitions", n)
         item_id = f"count-{row.number:03d}" + (f"-{n}" if many else "")
         out.append({"id": item_id, "word": word, "n": n, "article": article, "category": category})
@@ -168,8 +169,8 @@ def _events_fields(row: Row) -> list[dict[str, Any]]:
 
 
 def _whole(row: Row, name: str, value: Any) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
+    if isinstance(value, str) and as_integer(value) is not None:
+        value = as_integer(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise row.error(f"must be a whole number >= 0, got {value!r}", name)
     return value

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from contllm.errors import ExperimentError
 from contllm.files import parse_json
+from contllm.numerals import as_integer, as_number
 
 __all__ = ["Row", "read_rows", "data_option_help", "file_sha256", "read_data_file", "unique_ids"]
 
@@ -139,16 +140,10 @@ def _from_cell(text: str, kind: type | tuple[type, ...], error: Callable[[str], 
             return text
         if k is bool and stripped.lower() in ("true", "false", "1", "0", "yes", "no"):
             return stripped.lower() in ("true", "1", "yes")
-        if k is int:
-            try:
-                return int(stripped)
-            except ValueError:
-                pass
-        if k is float:
-            try:
-                return float(stripped)
-            except ValueError:
-                pass
+        if k is int and as_integer(stripped) is not None:
+            return as_integer(stripped)
+        if k is float and as_number(stripped) is not None:
+            return as_number(stripped)
         if k in (list, dict):
             if stripped.startswith(("[", "{")):
                 try:

@@ -14,7 +14,7 @@ import numpy as np
 
 from contllm.depth.result import DepthResult
 from contllm.errors import ExperimentError
-from contllm.files import safe_name
+from contllm.files import data_name
 
 #: The figures of a run, in order; "readout" (one per prompt) comes after them.
 FIGURES = ("profile", "lipschitz", "propagation", "alpha", "half_steps")
@@ -268,4 +268,4 @@ def depth_figures(result: DepthResult, *, per_item: bool = True) -> Iterator[tup
         yield name, depth_figure(result, name)
     if per_item:
         for record in result.records:
-            yield f"items/{safe_name(record.id)}", depth_figure(result, "readout", prompt=record.id)
+            yield f"items/{data_name(record.id)}", depth_figure(result, "readout", prompt=record.id)

@@ -369,10 +369,11 @@ class AttributionExperiment(Experiment[ItemAttribution, AttributionResult]):
 
     def documents(self, result: AttributionResult, *, per_item: bool = True) -> Iterator[tuple[str, str]]:
         from contllm.attribution import render as figures
+        from contllm.files import data_name
 
         if per_item:
             for r in result.items:
-                yield f"figures/items/{r.item_id}.html", figures.html_page(r, model=result.model)
+                yield f"figures/items/{data_name(r.item_id)}.html", figures.html_page(r, model=result.model)
 
 
 EXPERIMENT = AttributionExperiment()

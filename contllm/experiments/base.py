@@ -265,7 +265,10 @@ class Experiment(Generic[RecordT, ResultT]):
 
     def figures(self, result: ResultT, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
         """(name, matplotlib figure) pairs, none saved: "summary" (:meth:`summary_figure`), then with
-        ``per_item`` "items/<id>" for each record of a :class:`Records` result (:meth:`item_figure`)."""
+        ``per_item`` "items/<name>" for each record of a :class:`Records` result (:meth:`item_figure`), the
+        name made from the item id by :func:`contllm.files.data_name`."""
+        from contllm.files import data_name
+
         fig = self.summary_figure(result)
         if fig is not None:
             yield "summary", fig
@@ -273,7 +276,7 @@ class Experiment(Generic[RecordT, ResultT]):
             for record in result.records:
                 fig = self.item_figure(result, record)
                 if fig is not None:
-                    yield f"items/{record.item_id}", fig
+                    yield f"items/{data_name(record.item_id)}", fig
 
     def summary_figure(self, result: ResultT) -> Any:
         """The figure across items (None: none)."""
@@ -284,7 +287,10 @@ class Experiment(Generic[RecordT, ResultT]):
         return None
 
     def documents(self, result: ResultT, *, per_item: bool = True) -> Iterator[tuple[str, str]]:
-        """(relative path, text) pairs of extra files to write beside the figures (e.g. "figures/items/<id>.html")."""
+        """(relative path, text) pairs of extra files to write beside the figures (e.g. "figures/items/<name>.html").
+
+        A path made from an item id names it by :func:`contllm.files.data_name`; the writer
+        refuses any path that would leave the run directory."""
         return iter(())
 
     def report_columns(self, result: ResultT) -> dict[str, Any]:

@@ -10,12 +10,12 @@ names the option, raised before a model loads or a file is written.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Literal
 
 from contllm.errors import ExperimentError
+from contllm.numerals import MAX_TIME, MIN_MAGNITUDE, as_integer, as_number
 
 Kind = Literal["int", "float", "str", "bool", "ints", "floats", "words", "range"]
 
@@ -52,14 +52,9 @@ class Option:
         return {self.name: read_value(value, self.kind, where)}
 
 
-#: An integer as typed: ASCII digits with an optional sign, at most 30 of them.
-_INTEGER = re.compile(r"[+-]?[0-9]{1,30}")
-#: Largest magnitude of a range's ends: no signal time past 1e7 can be represented (see
-#: :data:`contllm.signal.MAX_TIME`), and every range scales, shifts or mixes times.
-MAX_RANGE = 1e7
-#: Smallest non-zero magnitude of a number option: float32's smallest normal number.
-#: Models compute in float32 at best; a smaller number becomes 0 or loses its precision there.
-MIN_MAGNITUDE = 1.1754943508222875e-38
+#: Largest magnitude of a range's ends: no signal time past :data:`contllm.numerals.MAX_TIME`
+#: can be represented, and every range scales, shifts or mixes times.
+MAX_RANGE = MAX_TIME
 
 
 def shown(value: Any, limit: int = 60) -> str:
@@ -96,36 +91,26 @@ def read_value(value: Any, kind: Kind, where: str) -> Any:
             return value
         raise ExperimentError(f"{where} must be a string, got {shown(value)}")
     if kind == "int":
-        whole = _integer(value)
+        whole = as_integer(value)
         if whole is None:
             raise ExperimentError(f"{where} must be an integer, got {shown(value)}")
         return whole
     if kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        number = as_number(value)
+        if number is None:
             raise ExperimentError(f"{where} must be a number, got {shown(value)}")
-        try:
-            number = float(value)
-        except (OverflowError, ValueError):
-            raise ExperimentError(f"{where} must be a number, got {shown(value)}") from None
         if not math.isfinite(number):
             raise ExperimentError(f"{where} must be a finite number, got {shown(value)}")
-        if number != 0 and abs(number) < MIN_MAGNITUDE:
-            raise ExperimentError(
-                f"{where}: {shown(value)} is too close to 0 to compute with (the smallest is {MIN_MAGNITUDE:.3g}, float32's)"
-            )
+        _not_tiny(number, value, where)
         return number
     raise ExperimentError(f"{where}: unknown option kind {kind!r}")
 
 
-def _integer(value: Any) -> int | None:
-    """``value`` as an integer (a Python int, or ASCII digits with a sign), else None; at most 30 digits either way."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if value.bit_length() <= 100 else None
-    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
-        return int(value.strip())
-    return None
+def _not_tiny(number: float, value: Any, where: str) -> None:
+    if number != 0 and abs(number) < MIN_MAGNITUDE:
+        raise ExperimentError(
+            f"{where}: {shown(value)} is too close to 0 to compute with (the smallest is {MIN_MAGNITUDE:.3g}, float32's)"
+        )
 
 
 def parse_floats(text: str | Sequence[float], what: str) -> tuple[float, ...]:
@@ -143,18 +128,17 @@ def parse_range(value: Any, where: str = "range") -> tuple[float, float]:
     parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else value
     if not isinstance(parts, (list, tuple)) or len(parts) != 2:
         raise ExperimentError(f"{where} must be 'MIN,MAX', got {shown(value)}")
-    if any(isinstance(p, bool) or not isinstance(p, (int, float, str)) for p in parts):
+    low, high = as_number(parts[0]), as_number(parts[1])
+    if low is None or high is None:
         raise ExperimentError(f"{where} must be two numbers 'MIN,MAX', got {shown(value)}")
-    try:
-        low, high = float(parts[0]), float(parts[1])
-    except (OverflowError, ValueError):
-        raise ExperimentError(f"{where} must be two numbers 'MIN,MAX', got {shown(value)}") from None
     if not (math.isfinite(low) and math.isfinite(high)):
         raise ExperimentError(f"{where} must be finite, got {low},{high}")
     if max(abs(low), abs(high)) > MAX_RANGE:
         raise ExperimentError(
             f"{where} must lie within -{MAX_RANGE:g},{MAX_RANGE:g} (the largest time a signal holds), got {low:g},{high:g}"
         )
+    _not_tiny(low, parts[0], where)
+    _not_tiny(high, parts[1], where)
     if low > high:
         raise ExperimentError(f"range min {low} is larger than max {high}")
     return low, high

@@ -54,7 +54,13 @@ def template_fields(template: str) -> list[str]:
 
 
 def check_template(template: str, fields: Sequence[str], required: Sequence[str]) -> None:
-    """Raise ExperimentError unless ``template`` uses only ``fields`` and every ``required`` one."""
+    """Raise ExperimentError unless ``template`` uses only ``fields`` and every ``required`` one, as UTF-8 text."""
+    try:
+        template.encode("utf-8")
+    except UnicodeEncodeError:  # bytes a shell passed that are not UTF-8: no tokenizer takes them
+        raise ExperimentError(
+            f"the template is not valid UTF-8 text: {template.encode('utf-8', 'backslashreplace')[:60]!r}"
+        ) from None
     render(template, {name: "x" for name in fields}, required=required)
 
 

@@ -15,6 +15,7 @@ and :mod:`~contllm.models.load` (options, ``from_pretrained``, :func:`load_model
 
 from __future__ import annotations
 
+from contllm.distributed import DEVICE_MAPS, check_device_map
 from contllm.models.cache import (
     RECORD_FORMAT,
     RECORD_NAME,
@@ -39,8 +40,6 @@ from contllm.models.catalog import (
 from contllm.models.chunked import ChunkedGguf, ChunkPart
 from contllm.models.conversion import convert_embedded, ensure_cached
 from contllm.models.load import (
-    DEVICE_MAPS,
-    check_device_map,
     choose_attn_implementation,
     format_listings,
     list_models,

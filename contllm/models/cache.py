@@ -40,6 +40,7 @@ import torch
 import transformers
 
 from contllm.errors import ModelLoadError
+from contllm.files import file_mode
 
 RECORD_NAME = "contllm_record.json"
 RECORD_FORMAT = 1
@@ -395,6 +396,9 @@ def write_cache_entry(
     try:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        for path in staging.iterdir():  # the weights come private (0600): one mode, the umask's, for every file
+            if path.is_file() and not path.is_symlink():
+                os.chmod(path, file_mode())
         files = [_file_record(p) for p in sorted(staging.iterdir()) if p.is_file() and p.name != RECORD_NAME]
         record = {
             "format": RECORD_FORMAT,

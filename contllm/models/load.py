@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from contllm.distributed import check_device_map
 from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
 from contllm.families import FAMILIES, family_of
 from contllm.models.cache import cache_entry_problems, cache_root, read_record
@@ -31,17 +32,11 @@ from contllm.models.catalog import (
     resolve,
 )
 from contllm.models.conversion import ensure_cached
+from contllm.settings import DTYPE_NAMES
 
 # --------------------------------------------------------------------------- options
 
-_DTYPE_NAMES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
+_DTYPE_NAMES: dict[str, torch.dtype] = {name: getattr(torch, dtype) for name, dtype in DTYPE_NAMES.items()}
 
 
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
@@ -80,31 +75,6 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
             f"device {device!r} cannot hold a model for contllm; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
         )
     return resolved
-
-
-#: Placement strategies accelerate accepts for ``device_map`` (a dict of module -> device also works).
-DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-
-
-def check_device_map(device_map: Any, max_memory: Any = None) -> None:
-    """ModelLoadError unless ``device_map`` is None, a dict or one of :data:`DEVICE_MAPS`.
-
-    max_memory (device -> bytes or "20GiB") only means something with a device map.
-    """
-    if device_map is None:
-        if max_memory is not None:
-            raise ModelLoadError("max_memory limits a device map; give device_map='auto' with it")
-        return
-    if isinstance(device_map, Mapping):
-        return
-    if not isinstance(device_map, str) or device_map not in DEVICE_MAPS:
-        raise ModelLoadError(
-            f"unknown device_map {device_map!r}; use one of {', '.join(DEVICE_MAPS)} or a dict of module -> device"
-        )
-    if max_memory is not None and not isinstance(max_memory, Mapping):
-        raise ModelLoadError(
-            f"max_memory must map devices to sizes (e.g. {{0: '20GiB', 1: '20GiB'}}), got {max_memory!r}"
-        )
 
 
 def choose_attn_implementation(config: Any, requested: str | None = None) -> str | None:

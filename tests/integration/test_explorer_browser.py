@@ -130,3 +130,45 @@ def test_the_slider_shows_results_json_and_the_page_draws(
     browser.get((tmp_path / "report" / "explorer.html").as_uri())
     assert {run for run, _ in shown(browser)} == {"0", "1"}  # the first item: both runs' bars, one curve each
     assert len(browser.find_elements(By.CSS_SELECTOR, "polyline.curve")) == 2
+
+
+def test_hostile_strings_in_every_field_are_text_in_the_browser(browser: object, tmp_path: Path) -> None:
+    """A run page and a report page whose ids, prompt, labels and model names try to break out of the page."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from typer.testing import CliRunner
+
+    from contllm.cli import app
+    from contllm.experiments.counting import CountingConfig
+    from tests.unit.test_hostile_data import HOSTILE, counting_rows
+    from tests.unit.test_sums import digit_tokenizer
+    from tests.unit.tiny import tiny_model
+
+    lm = ContinuousLM(tiny_model("llama"), digit_tokenizer())
+    hostile = "".join(HOSTILE)
+    data = counting_rows(tmp_path / "t.jsonl", [f"a{h}" for h in HOSTILE], word=f"w{hostile}")
+    out = run("counting", options={"data": str(data), "samples": "2"}, lm=lm, model=f"m{hostile}", out=tmp_path / "o",
+              item_figures=False)
+    browser.get((out / "explorer.html").as_uri())
+    assert browser.execute_script("return window.pwned === undefined && document.images.length === 0")
+    options = [o.get_attribute("value") for o in Select(browser.find_element(By.ID, "item")).options]
+    assert options == [f"a{h}" for h in HOSTILE]
+    Select(browser.find_element(By.ID, "item")).select_by_value(f"a{HOSTILE[1]}")
+    assert f"w{hostile}" in browser.find_element(By.ID, "prompt").get_attribute("textContent")
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".bar-row")) == 10  # the script ran and drew the digits
+
+    # the report page: labels and the run's name (its model) from an edited run
+    results = json.loads((out / "results.json").read_text())
+    for sweep in results["sweeps"]:
+        sweep["labels"] = [label if k % 2 == 0 else f"{label}{hostile}" for k, label in enumerate(sweep["labels"])]
+    (out / "results.json").write_text(json.dumps(results))
+    second = run("counting", config=CountingConfig(samples=2, low=0.5, high=1.0), lm=lm, model=f"n{hostile}",
+                 items="1", out=tmp_path / "o2", item_figures=False)
+    assert CliRunner().invoke(app, ["report", str(out), str(second), "--out", str(tmp_path / "r")]).exit_code == 0
+    browser.get((tmp_path / "r" / "explorer.html").as_uri())
+    assert browser.execute_script("return window.pwned === undefined && document.images.length === 0")
+    labels = {label for _, label in shown(browser)}
+    assert f"1{hostile}" in labels and "0" in labels
+    names = [e.get_attribute("textContent") for e in browser.find_elements(By.CSS_SELECTOR, ".run-name")]
+    assert names and names[0].startswith(f"m{hostile} (")

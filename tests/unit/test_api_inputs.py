@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -302,3 +303,28 @@ def test_a_model_directory_with_bad_safetensors_is_a_load_error(tmp_path: Any, c
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
     with pytest.raises(ModelLoadError, match="not valid safetensors"):
         contllm.load(str(tmp_path), device="cpu")
+
+
+@pytest.mark.parametrize("path", [123, None, b"runs/x", "", "  ", ["runs/x"], 1.5])
+def test_load_run_of_something_that_is_no_path_is_the_toolkits_error(path: Any) -> None:
+    from contllm.errors import RunDirectoryError
+    from contllm.report import draw_figures, write_report
+
+    with pytest.raises(RunDirectoryError, match="must be a path"):
+        contllm.load_run(path)
+    with pytest.raises(RunDirectoryError, match="must be a path"):
+        draw_figures(path)
+    with pytest.raises(RunDirectoryError, match="must be a path|must be a list of paths"):
+        write_report([path], "report-never-written")
+    assert not __import__("pathlib").Path("report-never-written").exists()
+
+
+def test_generate_refuses_a_seed_or_a_time_past_what_it_can_hold(lm: ContinuousLM, s: Signal) -> None:
+    with pytest.raises(SignalError, match="seed must be an integer from 0 to"):
+        lm.generate(s, 2, sample=True, seed=2**64)
+    with pytest.raises(SignalError, match=re.escape(f"past {MAX_TIME:g}")):
+        lm.generate(s, 12, duration=1e6)
+    late = s.with_times(s.times + (MAX_TIME - 5 - float(s.times[-1])))
+    with pytest.raises(SignalError, match=re.escape(f"past {MAX_TIME:g}")):
+        lm.generate(late, 3, duration=2.0)  # the prompt's end counts too
+    assert len(lm.generate(s, 2, duration=1e6).token_ids) == 2

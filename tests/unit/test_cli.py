@@ -127,6 +127,38 @@ def test_shipped_specs_are_valid() -> None:
         assert spec.entries
 
 
+def test_each_experiment_of_a_spec_keeps_its_own_items(tmp_path: Path) -> None:
+    """The items of one [[experiment]] never carry over to the next (specs/quick.toml once ran events with 10, not 5)."""
+    spec = load_spec(Path(__file__).resolve().parents[2] / "specs" / "quick.toml")
+    assert {e.experiment: e.settings.items for e in spec.entries} == {"counting": "10", "events": "5", "boolean": None}
+    path = tmp_path / "spec.toml"
+    path.write_text('[[experiment]]\nname = "counting"\nitems = 3\n[[experiment]]\nname = "events"\n'
+                    '[[experiment]]\nname = "boolean"\nitems = "2"\n[[experiment]]\nname = "depth"\n')
+    items = {e.experiment: e.settings.items for e in load_spec(path).entries}
+    assert items == {"counting": "3", "events": None, "boolean": "2", "depth": None}
+
+
+def test_the_command_lines_items_override_every_experiments(tmp_path: Path) -> None:
+    path = tmp_path / "spec.toml"
+    path.write_text('[[experiment]]\nname = "counting"\nitems = 3\n[[experiment]]\nname = "events"\n')
+    spec = load_spec(path, items="2")
+    assert [(e.experiment, e.settings.items) for e in spec.entries] == [("counting", "2"), ("events", "2")]
+    path.write_text('[[experiment]]\nname = "counting"\nitems = 3\n[[experiment]]\nname = "counting"\n'
+                    'label = "again"\nitems = "count-005"\n')
+    spec = load_spec(path, items="count-002,count-001")
+    assert [e.settings.items for e in spec.entries] == ["count-002,count-001"] * 2
+
+
+def test_the_config_of_a_spec_run_records_its_own_items(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What config.json would record: the resolved settings of each entry, checked as a run checks them."""
+    from contllm.runner import check_run
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "specs" / "quick.toml")
+    recorded = {e.experiment: check_run(e.experiment, options=dict(e.options), settings=e.settings).resolved["items"]
+                for e in spec.entries}
+    assert recorded == {"counting": "10", "events": "5", "boolean": None}
+
+
 def test_help_texts_describe_every_option() -> None:
     from contllm import registry
 

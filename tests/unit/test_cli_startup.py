@@ -11,6 +11,7 @@ import logging
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -47,7 +48,7 @@ def probe(*args: str) -> tuple[dict, str]:
     )
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("PROBE "), done.stdout + done.stderr
-    return json.loads(last[len("PROBE "):]), done.stdout
+    return json.loads(last[len("PROBE "):]), done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(
@@ -72,10 +73,71 @@ def test_help_and_version_import_nothing_heavy(args: list[str], shows: str) -> N
 
 
 def test_a_run_does_import_the_experiment() -> None:
-    # The probe can see heavy imports: a bad option of a real run is checked by the experiment itself.
-    result, output = probe("run", "counting", "--samples", "ten", "--out", "/nonexistent/never-written")
-    assert result["code"] == 2, output
+    # The probe can see heavy imports: a value only the experiment can judge is checked by it.
+    result, output = probe("run", "counting", "--range", "0,1", "--samples", "2", "--out", "/nonexistent/never-written")
+    assert result["code"] == 2 and "duration factors must be positive" in output, output
     assert "torch" in result["heavy"]
+
+
+#: Usage errors of every command: each is one line, exit status 2, before torch is imported.
+USAGE_ERRORS = [
+    (["bogus"], "No such command 'bogus'"),
+    (["--bogus"], "No such option: --bogus"),
+    (["report"], "Missing argument 'RUN_DIR...'"),
+    (["report", "somewhere"], "Missing option '--out'"),
+    (["figures"], "Missing argument 'RUN_DIR'"),
+    (["figures", "somewhere", "--formats", "jpg"], "unknown figure format 'jpg'"),
+    (["models", "--bogus"], "No such option: --bogus"),
+    (["run", "juggling"], "unknown experiment 'juggling'"),
+    (["run", "counting", "--bogus"], "option(s) --bogus do not apply to the counting experiment"),
+    (["run", "counting", "--samples"], "Option '--samples' requires an argument"),
+    (["run", "counting", "--samples", "ten"], "--samples must be an integer, got 'ten'"),
+    (["run", "counting", "--samples", "\u00b2"], "--samples must be an integer"),
+    (["run", "counting", "--seed", "\u0662"], "--seed must be an integer"),
+    (["run", "counting", "--seed", "99999999999999999999999"], "--seed must be an integer from 0 to"),
+    (["run", "counting", "--range", "1,2,3"], "--range must be 'MIN,MAX'"),
+    (["run", "counting", "--range", "5e-324,1e-300"], "too close to 0"),
+    (["run", "counting", "--items", "0"], "item count must be positive"),
+    (["run", "counting", "--formats", "jpg"], "unknown figure format 'jpg'"),
+    (["run", "counting", "--max-batch-tokens", "x"], "--max-batch-tokens must be an integer"),
+    (["run", "counting", "--device-map", "everywhere"], "unknown device_map 'everywhere'"),
+    (["run", "counting", "--dtype", "int8"], "dtype must be a name (float32, fp32, bfloat16"),
+    (["run", "counting", "--resume", "--force"], "--resume and --force contradict each other"),
+    (["run", "counting", "--out", "/dev/null/run"], "is not a directory"),
+    (["run", "boolean", "--method", "cubic"], "--method must be 'linear' or 'slerp'"),
+    (["run", "depth", "--eps", "small"], "--eps must be a number"),
+    (["run", "pde", "--times", "nan"], "must be a finite number"),
+    (["generate"], "Missing argument 'PROMPT'"),
+    (["generate", "hi", "--bogus"], "No such option '--bogus'"),
+    (["generate", "hello there", "--sample", "--seed", "99999999999999999999999", "-n", "2"], "--seed must be an"),
+    (["generate", "hello there", "-n", "\u0662"], "--max-new-tokens must be an integer"),
+    (["generate", "hello there", "--duration", "1e30"], "past 1e+07"),
+    (["generate", "hello there", "--duration", "1e6", "-n", "12"], "past 1e+07"),
+    (["generate", "hello there", "--scale", "there=1e30"], "the factor must lie in 0..1e+07"),
+    (["generate", "hello there", "--duration", "1e-320"], "too close to 0"),
+]
+
+
+@pytest.mark.parametrize("args,shows", USAGE_ERRORS, ids=[" ".join(args) for args, _ in USAGE_ERRORS])
+def test_usage_errors_are_one_line_before_torch_is_imported(args: list[str], shows: str) -> None:
+    result, output = probe(*args)
+    lines = [line for line in output.splitlines() if line.strip() and not line.startswith("PROBE ")]
+    assert result["code"] == 2 and len(lines) == 1 and lines[0].startswith("error: ") and shows in lines[0], output
+    assert result["heavy"] == [], f"contllm {' '.join(args)} imported {result['heavy']} before its usage error"
+
+
+def test_a_spec_with_a_malformed_value_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
+    spec = tmp_path / "s.toml"
+    for text, shows in (("models = [", "is not valid TOML"),
+                        ("[[experiment]]\nname = 'counting'\nsamples = 'ten'\n", "--samples must be an integer"),
+                        ("[[experiment]]\nname = 'boolean'\nmethod = 'cubic'\n", "--method must be 'linear'"),
+                        ("[[experiment]]\nname = 'counting'\n[[experiment]]\nname = 'juggling'\n", "name must be")):
+        spec.write_text(text)
+        result, output = probe("run", str(spec), "--out", str(tmp_path / "o"))
+        assert result["code"] == 2 and shows in output and result["heavy"] == [], (text, output, result)
+    spec.write_text("[[experiment]]\nname = 'counting'\n")
+    result, output = probe("run", str(spec), "--formats", "jpg", "--out", str(tmp_path / "o"))
+    assert result["code"] == 2 and "unknown figure format" in output and result["heavy"] == [], output
 
 
 def test_the_index_equals_the_experiments_declarations() -> None:

@@ -263,6 +263,14 @@ def test_written_entry_is_valid_and_loads(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["tiny"]  # no staging left behind
 
 
+def test_every_file_of_an_entry_gets_the_same_mode(tmp_path: Path) -> None:
+    from contllm.files import file_mode
+
+    entry = _entry(tmp_path)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in entry.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {file_mode()}, modes
+
+
 def _entry(tmp_path: Path) -> Path:
     return M.write_cache_entry(tiny_model(), tiny_tokenizer(), tmp_path / "tiny", {"source": {"sha256": "x"}})
 
