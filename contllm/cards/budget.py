@@ -40,11 +40,11 @@ DEFAULT_BUDGET = "10m"
 MIN_BUDGET_S = 30.0
 #: Share of the budget left for the runs that the plan fills; the rest absorbs estimation
 #: error and a machine whose load changes while the audit runs.
-MARGIN = 0.8
+MARGIN = 0.85
 #: Seconds kept for each run's outputs (results, tables, summary figure, explorer page) and,
 #: once, for the card (bootstrap, figures read back, pages): measured on a 2-core CPU under load.
-OUTPUT_S = 6.0
-CARD_S = 10.0
+OUTPUT_S = 4.0
+CARD_S = 8.0
 
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([hms])")
@@ -218,7 +218,8 @@ def allocate(
 
     seconds(name, count): the estimated seconds of ``count`` units of experiment ``name``.
     Each experiment gets an equal share, as many units as fit in it (within its bounds);
-    what a capped experiment leaves over is shared again among the others. An optional
+    what a capped experiment leaves over is shared again among the others, and what the
+    shares leave unused goes to the experiments one unit at a time, in turn. An optional
     experiment joins only where every other one still gets its comfortable count and it
     gets its minimum. Returns (counts, left out: name -> why). ExperimentError when the
     experiments that must run do not fit at their minimum counts.
@@ -267,6 +268,17 @@ def _fill(
             open_.remove(name)
     if any(counts[n] < bounds[n].minimum for n in names):
         return None
+    # What the shares leave unused (each count is a whole number of units) goes one unit at a time, in turn.
+    spare = available - sum(seconds(n, counts[n]) for n in names)
+    grown = True
+    while grown:
+        grown = False
+        for name in names:
+            step = seconds(name, counts[name] + 1) - seconds(name, counts[name])
+            if counts[name] < bounds[name].maximum and step <= spare:
+                counts[name] += 1
+                spare -= step
+                grown = True
     return {n: counts[n] for n in names}
 
 

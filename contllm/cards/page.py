@@ -210,8 +210,7 @@ def compare_page(cards: Sequence[tuple[str, Card, Path]], out: Path) -> str:
     summary figures side by side, with links to each card's runs and explorer pages.
     """
     head = "".join(
-        f'<th><a href="{html_text(_relative(d / "card.html", out))}">{html_text(label)}</a>'
-        f'<div class="role">{html_text(c.protocol)}</div></th>'
+        f'<th>{_link_if(d / "card.html", out, label)}<div class="role">{html_text(c.protocol)}</div></th>'
         for label, c, d in cards
     )
     rows = []
@@ -247,9 +246,10 @@ def compare_page(cards: Sequence[tuple[str, Card, Path]], out: Path) -> str:
             image = _figure(d / f.figure) if f.figure else None
             base = _relative(d, out)
             picture = f'<img alt="{html_text(label)} {html_text(experiment)}" src="{image}">' if image else ""
+            where = _links(f, base) if (d / f.run).is_dir() else ""
             cells.append(
                 f'<div class="cell"><div class="label">{html_text(label)}</div>'
-                f'<p class="sentence">{html_text(f.sentence)}</p>{picture}<p>{_links(f, base)}</p></div>'
+                f'<p class="sentence">{html_text(f.sentence)}</p>{picture}<p>{where}</p></div>'
             )
         figures.append(f'<section><h2>{html_text(experiment)}</h2><div class="side">{"".join(cells)}</div></section>')
     title = "Audits compared: " + ", ".join(label for label, _, _ in cards)
@@ -261,6 +261,13 @@ def compare_page(cards: Sequence[tuple[str, Card, Path]], out: Path) -> str:
         "items.</p>" + "".join(figures),
         data,
     )
+
+
+def _link_if(path: Path, out: Path, text: str) -> str:
+    """``text`` as a link to ``path`` (relative to ``out``) where it exists, else as plain text."""
+    if not path.is_file():
+        return html_text(text)
+    return f'<a href="{html_text(_relative(path, out))}">{html_text(text)}</a>'
 
 
 def _relative(path: Path, out: Path) -> str:

@@ -50,12 +50,6 @@ def test_usage_errors_are_one_line_before_torch(args: list[str], says: str) -> N
     assert result["heavy"] == [], f"contllm {' '.join(args)} imported {result['heavy']}"
 
 
-def test_help_imports_nothing_heavy() -> None:
-    result, output = probe("audit", "--help")
-    assert result["code"] == 0 and "--budget TIME" in output and "--compare" in output
-    assert result["heavy"] == []
-
-
 def test_an_audit_directory_in_use_is_refused_before_the_model_loads(tmp_path: Path) -> None:
     (tmp_path / "audit.json").write_text(json.dumps({"model": "m", "protocol": "contllm", "plan": {}}))
     result, output = probe("audit", "m", "--out", str(tmp_path))
