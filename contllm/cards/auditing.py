@@ -28,14 +28,15 @@ from contllm.cards.budget import (
     DEFAULT_BUDGET,
     MARGIN,
     OUTPUT_S,
+    DryEvaluator,
     Estimate,
     Plan,
+    Probe,
     Share,
     allocate,
     budget_text,
     calibrate,
     parse_budget,
-    probe,
 )
 from contllm.cards.studies import PROTOCOLS, STUDIES, Study, study
 from contllm.errors import ExperimentError, RunDirectoryError
@@ -155,20 +156,18 @@ def size(s: Study, protocol: str) -> int:
     return int(str(items))
 
 
-def dry_run(lm: Any, engine: Any, s: Study, protocol: str, count: int, group_bytes: int) -> Any:
-    """A :class:`~contllm.cards.budget.Probe` of ``count`` units of ``s``: what the runner would compute, without the model."""
+def dry_run(lm: Any, engine: Any, s: Study, protocol: str, count: int, group_bytes: int) -> tuple[Probe, list[Any]]:
+    """What ``count`` units of ``s`` compute, without the model: their :class:`~contllm.cards.budget.Probe`, and the
+    signals of the first evaluation they make (what the calibration forward times)."""
     from contllm.data import select_items
     from contllm.runner import compute_records, context_for
 
     experiment, config, items = study_config(s, protocol, count)
     chosen = select_items(experiment.items(config), items)
-
-    def run(evaluate: Any) -> int:
-        context = context_for(lm, evaluate=evaluate, model_name="dry run", group_bytes=group_bytes)
-        compute_records(lm, experiment, config, chosen, context)
-        return count
-
-    return probe(lm, engine, run)
+    evaluate = DryEvaluator(lm, engine)
+    started = time.perf_counter()
+    compute_records(lm, experiment, config, chosen, context_for(lm, evaluate=evaluate, group_bytes=group_bytes))
+    return Probe(count, evaluate.tokens, time.perf_counter() - started), evaluate.first
 
 
 def make_plan(
@@ -192,17 +191,10 @@ def make_plan(
     for s in STUDIES:
         bound = s.bounds(size(s, protocol))
         bounds[s.experiment] = bound
-        low = max(1, min(bound.minimum, 2))
-        high = min(bound.maximum, max(low + 1, 6 if not s.per_source else 2))
-        if high <= low:  # a dataset of one unit
-            high = low + 1
-        probes = (
-            dry_run(lm, engine, s, protocol, low, group_bytes),
-            dry_run(lm, engine, s, protocol, high, group_bytes),
-        )
-        estimates[s.experiment] = Estimate(s.experiment, probes)
-        if not calibration_signals:
-            calibration_signals = _first_call(lm, engine, s, protocol, low, group_bytes)
+        low, high = min(bound.minimum, 2), min(bound.maximum, 2 if s.per_source else 6)
+        (small, first), (large, _) = (dry_run(lm, engine, s, protocol, n, group_bytes) for n in (low, high))
+        estimates[s.experiment] = Estimate(s.experiment, (small, large))
+        calibration_signals = calibration_signals or first  # the first study's first call: a counting sweep
     calibration = calibrate(lm, engine, calibration_signals)
     say(
         f"calibration: one forward of {calibration.signals} signals ({calibration.tokens} tokens) took "
@@ -218,25 +210,6 @@ def make_plan(
     counts, left_out = allocate(available, bounds, seconds)
     shares = [Share(name, count, round(seconds(name, count), 3)) for name, count in counts.items()]
     return Plan(budget, round(spent, 3), reserved, round(available, 3), shares, left_out, calibration)
-
-
-def _first_call(lm: Any, engine: Any, s: Study, protocol: str, count: int, group_bytes: int) -> list[Any]:
-    """The signals of the first evaluation a dry run of ``count`` units of ``s`` makes: the calibration forward."""
-    from contllm.cards.budget import DryEvaluator
-    from contllm.data import select_items
-    from contllm.runner import compute_records, context_for
-
-    experiment, config, items = study_config(s, protocol, count)
-    chosen = select_items(experiment.items(config), items)
-    calls: list[list[Any]] = []
-    dry = DryEvaluator(lm, engine)
-
-    def evaluate(signals: list[Any]) -> Any:
-        calls.append(list(signals))
-        return dry(signals)
-
-    compute_records(lm, experiment, config, chosen, context_for(lm, evaluate=evaluate, group_bytes=group_bytes))
-    return calls[0]
 
 
 def fixed_plan(counts: Mapping[str, int]) -> Plan:

@@ -312,6 +312,7 @@ class DryEvaluator:
 
         self.engine = engine
         self.tokens = 0
+        self.first: list[Any] = []  # the signals of the first call
         vocab = int(lm.model.get_input_embeddings().weight.shape[0])
         row = torch.full((vocab,), 1.0 / vocab)
         try:
@@ -326,17 +327,9 @@ class DryEvaluator:
         self.row = row
 
     def __call__(self, signals: list[Any]) -> Any:
+        self.first = self.first or list(signals)
         self.tokens += self.engine.planned_cost(signals)
         return self.row.expand(len(signals), -1)
-
-
-def probe(lm: Any, engine: Any, run: Callable[[Any], int]) -> Probe:
-    """Dry-run ``run(evaluate)`` (one experiment on some items, through ``evaluate``) and measure it; ``run`` returns
-    the number of units it ran."""
-    evaluate = DryEvaluator(lm, engine)
-    started = time.perf_counter()
-    count = run(evaluate)
-    return Probe(int(count), evaluate.tokens, time.perf_counter() - started)
 
 
 def calibrate(lm: Any, engine: Any, signals: Sequence[Any]) -> Calibration:

@@ -246,3 +246,14 @@ def test_the_pages_escape_their_data_and_link_every_run(audited: tuple[Card, Pat
         compare([out, out / "card.json"], tmp_path / "c2")
     with pytest.raises(RunDirectoryError, match="exists"):
         compare([out, other], tmp_path / "compared")
+
+
+def test_the_papers_protocol_reaches_every_experiment_that_takes_it(lm: ContinuousLM, tmp_path: Path) -> None:
+    counts = {"counting": 2, "events": 2, "boolean": 2, "interpolation": 2, "linearity": 1}
+    card = contllm.audit(lm, counts=counts, out=tmp_path / "paper", protocol="paper", model="tiny", resamples=50)
+    assert card.protocol == "paper"
+    for finding in card.findings:
+        options = json.loads((tmp_path / "paper" / finding.run / "config.json").read_text())["options"]
+        assert options.get("protocol") == ("paper" if finding.experiment != "linearity" else None)
+    samples = json.loads((tmp_path / "paper" / "counting" / "config.json").read_text())["options"]["samples"]
+    assert samples == 100  # the paper's sweep

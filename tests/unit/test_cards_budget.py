@@ -103,12 +103,12 @@ class Counting:
 @pytest.mark.parametrize("study", STUDIES, ids=lambda s: s.experiment)
 def test_a_dry_run_counts_the_tokens_the_run_computes(lm: ContinuousLM, study: Any) -> None:
     count = 2
-    estimated = dry_run(lm, Engine(lm), study, "contllm", count, group_bytes=1 << 20)
+    estimated, first = dry_run(lm, Engine(lm), study, "contllm", count, group_bytes=1 << 20)
     experiment, config, items = study_config(study, "contllm", count)
     chosen = select_items(experiment.items(config), items)
     evaluate = Counting(lm)
     compute_records(lm, experiment, config, chosen, context_for(lm, evaluate=evaluate, group_bytes=1 << 20))
-    assert estimated.count == count and estimated.seconds > 0
+    assert estimated.count == count and estimated.seconds > 0 and first
     if study.experiment == "sums":  # the dry run keeps every greedy answer going: an upper bound
         assert estimated.tokens >= evaluate.tokens > 0
     else:

@@ -74,12 +74,13 @@ def test_compare_writes_one_page_with_every_card_and_the_best_marked(tmp_path: P
         (tmp_path / model).mkdir()
         (tmp_path / model / "card.json").write_text(json.dumps(card(model, value).to_dict()))
         paths.append(str(tmp_path / model))
+    (tmp_path / "small" / "card.html").write_text("<p>the small card</p>")
     result = CliRunner().invoke(app, ["audit", "--compare", *paths, "--out", str(tmp_path / "both")])
     assert result.exit_code == 0, result.output
     page = Path(result.output.strip()).read_text()
     assert page.index(">small<") < page.index(">large<")
     assert '<td class="num best"><span class="value">0.840</span>' in page
     assert '<td class="num"><span class="value">0.370</span>' in page
-    assert 'href="../small/card.html"' in page
+    assert 'href="../small/card.html"' in page and "large/card.html" not in page  # a link only where the page is
     again = CliRunner().invoke(app, ["audit", "--compare", *paths, "--out", str(tmp_path / "both")])
     assert again.exit_code == 2 and "--force" in again.output
