@@ -62,6 +62,10 @@ def _reference_models(card: Card) -> list[str]:
     return models
 
 
+def _reference_head(models: Sequence[str]) -> str:
+    return "".join(f'<th>{html_text(m)}<div class="role">reference</div></th>' for m in models)
+
+
 def _reference_cell(number: Number, model: str) -> str:
     ref = number.reference.get(model)
     if ref is None:
@@ -73,7 +77,7 @@ def _reference_cell(number: Number, model: str) -> str:
 
 
 def _numbers_table(finding: Finding, models: Sequence[str]) -> str:
-    head = "".join(f"<th>{html_text(m)}</th>" for m in models)
+    head = _reference_head(models)
     rows = []
     for n in finding.numbers:
         role = "headline" if n.role == "headline" else "the paper's"
@@ -162,7 +166,7 @@ def card_page(card: Card, out: Path) -> str:
             f'<span class="items">{f.items} items</span></h2><p class="sentence">{html_text(f.sentence)}</p>'
             f"{_numbers_table(f, models)}<p>{_links(f, '.')}</p>{figure}</section>"
         )
-    ref_head = "".join(f"<th>{html_text(m)}</th>" for m in models)
+    ref_head = _reference_head(models)
     reference = _reference_note(card)
     title = f"How continuous is {card.model}?"
     return _page(
