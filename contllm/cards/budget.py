@@ -217,9 +217,10 @@ def allocate(
     """Counts that share ``available`` seconds equally among the experiments of ``bounds`` (in their order).
 
     seconds(name, count): the estimated seconds of ``count`` units of experiment ``name``.
-    Each experiment gets an equal share, as many units as fit in it (within its bounds);
-    what a capped experiment leaves over is shared again among the others, and what the
-    shares leave unused goes to the experiments one unit at a time, in turn. An optional
+    Each experiment gets an equal share, as many units as fit in it (within its bounds: one
+    whose minimum costs more takes its minimum, one whose maximum costs less its maximum,
+    and the others share the rest), and what the shares leave unused goes to the
+    experiments one unit at a time, in turn. An optional
     experiment joins only where every other one still gets its comfortable count and it
     gets its minimum. Returns (counts, left out: name -> why). ExperimentError when the
     experiments that must run do not fit at their minimum counts.
@@ -251,23 +252,29 @@ def allocate(
 def _fill(
     available: float, names: Sequence[str], bounds: Mapping[str, Bounds], seconds: Callable[[str, int], float]
 ) -> dict[str, int] | None:
-    """Equal shares with the leftovers of capped experiments shared again; None where one falls below its minimum."""
+    """Equal shares of ``available`` within the bounds; None where the minimums alone do not fit.
+
+    An experiment whose minimum costs more than an equal share gets its minimum and the
+    others share the rest; then one whose maximum costs less gets its maximum, and the
+    others share the rest again (minimums first, so that no maximum takes what a minimum needs).
+    """
+    if sum(seconds(n, bounds[n].minimum) for n in names) > available:
+        return None
     open_ = list(names)
     counts: dict[str, int] = {}
     left = available
     while open_:
         share = left / len(open_)
-        capped = [n for n in open_ if seconds(n, bounds[n].maximum) <= share]
-        if not capped:
-            for name in open_:
-                counts[name] = _most(name, share, bounds[name], seconds)
+        fixed = {n: bounds[n].minimum for n in open_ if seconds(n, bounds[n].minimum) >= share}
+        if not fixed:
+            fixed = {n: bounds[n].maximum for n in open_ if seconds(n, bounds[n].maximum) <= share}
+        if not fixed:
+            counts.update({n: _most(n, share, bounds[n], seconds) for n in open_})
             break
-        for name in capped:
-            counts[name] = bounds[name].maximum
-            left -= seconds(name, bounds[name].maximum)
+        for name, count in fixed.items():
+            counts[name] = count
+            left -= seconds(name, count)
             open_.remove(name)
-    if any(counts[n] < bounds[n].minimum for n in names):
-        return None
     # What the shares leave unused (each count is a whole number of units) goes one unit at a time, in turn.
     spare = available - sum(seconds(n, counts[n]) for n in names)
     grown = True

@@ -59,6 +59,14 @@ def test_equal_shares_what_a_capped_experiment_leaves_goes_to_the_others() -> No
     assert sum(seconds(n, k) for n, k in counts.items()) == 60.0
 
 
+def test_an_experiment_whose_minimum_costs_more_than_a_share_gets_it_and_the_others_the_rest() -> None:
+    bounds = {"slow": Bounds(1, 10, 2), "a": Bounds(4, 100, 8), "b": Bounds(4, 100, 8)}
+    seconds = linear({"slow": (0.0, 40.0), "a": (0.0, 1.0), "b": (0.0, 2.0)})
+    counts, _ = allocate(90.0, bounds, seconds)  # an equal share (30 s) is less than slow's minimum (40 s)
+    assert counts == {"slow": 1, "a": 26, "b": 12}  # a and b share 50 s: 25 s each, then 1 s left over to a
+    assert sum(seconds(n, k) for n, k in counts.items()) <= 90.0
+
+
 def test_the_smallest_audit_that_does_not_fit_is_refused_with_what_it_needs() -> None:
     bounds = {"a": Bounds(4, 100, 8), "b": Bounds(4, 100, 8)}
     with pytest.raises(ExperimentError, match=r"needs about 80 s .* larger --budget"):
