@@ -69,7 +69,7 @@ def without_times(value: Any) -> Any:
     return value
 
 
-def test_audit_is_exported_lazily_and_documented() -> None:
+def test_audit_is_exported_lazily_from_the_package() -> None:
     assert "audit" in contllm.__all__ and contllm.audit.__module__ == "contllm.cards.auditing"
 
 
