@@ -16,8 +16,6 @@ so an interrupted audit ends with the card an uninterrupted one would have writt
 
 from __future__ import annotations
 
-import datetime as _dt
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -52,10 +50,10 @@ Say = Callable[[str], None]
 
 
 def default_out(model: str) -> Path:
-    """audits/<model>-<local time>: where an audit goes when no --out is given."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe_model = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name or model)
-    return Path("audits") / f"{safe_model}-{stamp}"
+    """runs/audit-<model>-<local time>: where an audit goes when no --out is given (beside the runs)."""
+    from contllm.runs import default_out as run_out
+
+    return run_out("audit", model)
 
 
 def check_protocol(protocol: Any) -> str:
@@ -309,7 +307,7 @@ def audit(
     :data:`~contllm.cards.budget.DEFAULT_BUDGET`, or the budget a resumed audit was
     started with). counts: experiment -> count instead of a budget (items; linearity:
     paths per source; sums runs when named). out: the audit directory (default
-    audits/<model>-<time>); resume: continue the audit there (its plan is kept); force:
+    runs/audit-<model>-<time>); resume: continue the audit there (its plan is kept); force:
     replace it. protocol: "contllm" or "paper" (the experiments' --protocol). model: the
     name the runs record (default: the model's own). resamples: bootstrap resamples per
     confidence interval. say: where news lines go (default: the ``contllm`` logger).

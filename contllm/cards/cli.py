@@ -52,7 +52,7 @@ def audit(
         "--out",
         "-o",
         metavar="DIR",
-        help="The audit directory; with --compare, the directory of compare.html. [default: audits/<model>-<time>]",
+        help="The audit directory; with --compare, the directory of compare.html. [default: runs/audit-<model>-<time>]",
     ),
     protocol: str = typer.Option(
         "contllm",
