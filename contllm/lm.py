@@ -50,6 +50,20 @@ def _check_model(model: Any) -> None:
         )
 
 
+@contextmanager
+def frozen(model: torch.nn.Module) -> Iterator[None]:
+    """Record gradients (also under an outer ``no_grad``) with every parameter of ``model`` frozen; restored on exit."""
+    thawed = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in thawed:
+            p.requires_grad_(False)
+        with torch.enable_grad():
+            yield
+    finally:
+        for p in thawed:
+            p.requires_grad_(True)
+
+
 class ContinuousLM:
     """A stock causal LM and its tokenizer, evaluated on continuous signals.
 
@@ -109,9 +123,13 @@ class ContinuousLM:
         return f"ContinuousLM({name!r}, family={self.family.name}, dtype={self.dtype}, device={self.device})"
 
     @contextmanager
-    def patched(self) -> Iterator[Any]:
-        """The model, able to take continuous inputs, for as long as the context lasts."""
-        with continuous_positions(self.model, self.family), torch.inference_mode():
+    def patched(self, *, grad: bool = False) -> Iterator[Any]:
+        """The model, able to take continuous inputs, for as long as the context lasts.
+
+        In inference mode; with ``grad``, recording the autograd graph instead, with every
+        parameter frozen (gradients reach the inputs and activations, never the weights).
+        """
+        with continuous_positions(self.model, self.family), frozen(self.model) if grad else torch.inference_mode():
             yield self.model
 
     def signal(self, text: str, *, add_special_tokens: bool = True) -> Signal:
