@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -71,6 +71,38 @@ def forward_reads(lm: Any, batch: SignalBatch, reads: Sequence[Sequence[int]]) -
     logits, _ = lm.forward_batch(batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
     at = {c: i for i, c in enumerate(kept)}
     return [logits[b, [at[int(c)] for c in columns[b]]].float().cpu() for b in range(len(batch))]
+
+
+def differentiable_batch(lm: Any, signals: Sequence[Signal], *, durations: bool = False) -> SignalBatch:
+    """``signals`` left-padded, with input embeddings (and, with ``durations``, durations) that are autograd leaves.
+
+    The embeddings are the model's own ([batch, width, hidden], zero padding, float32 at
+    least) and require gradients, so that a forward records its graph; the times follow the
+    durations (t = start + cumulative sum) for signals whose times are not explicit, so that
+    a duration's gradient includes the times it moves.
+    """
+    batch = pad_signals(list(signals))
+    rows = lm.embed(list(signals))
+    dtype = torch.promote_types(lm.dtype, torch.float32)
+    embeds = torch.zeros(len(batch), batch.width, rows[0].shape[-1], dtype=dtype)
+    for b, e in enumerate(rows):
+        embeds[b, int(batch.pad_left[b]) :] = e.detach().to(device="cpu", dtype=dtype)
+    lengths = batch.durations.clone().requires_grad_(durations)
+    times = []
+    for b, s in enumerate(signals):
+        pad = int(batch.pad_left[b])
+        if s.explicit_times is not None:
+            times.append(batch.times[b])
+        else:
+            start = torch.full((pad,), s.start, dtype=lengths.dtype)
+            times.append(torch.cat([start, s.start + torch.cumsum(lengths[b, pad:], dim=0)]))
+    return replace(
+        batch,
+        durations=lengths,
+        times=torch.stack(times),
+        embeds=embeds.requires_grad_(True),
+        has_embeds=torch.ones(len(batch), dtype=torch.bool),
+    )
 
 
 def shaped(rows: list[torch.Tensor], positions: Positions) -> torch.Tensor | list[torch.Tensor]:
@@ -152,8 +184,9 @@ def run_with_hooks(
     reads = read_indices(items, positions)
     check_inputs(lm, items, reads)
     keep = bool(grad) or bool(bwd_hooks)
+    batch = differentiable_batch(lm, items) if keep else pad_signals(items)
     with hooks(lm, items, fwd_hooks, bwd_hooks) as state, evaluation(lm, grad=keep):
-        rows = forward_reads(lm, pad_signals(items), reads)
+        rows = forward_reads(lm, batch, reads)
     state.check_reached()
     out = shaped(rows, positions)
     return out[0] if single else out

@@ -124,6 +124,10 @@ class _Run:
         """Whether ``point``'s value must sit in the autograd graph (a backward hook or a gradient reads it)."""
         return torch.is_grad_enabled() and (point.name in self.bwd or point.name in self.graph_names)
 
+    def rebuild(self, point: Point, new: torch.Tensor, old: torch.Tensor) -> bool:
+        """Whether the module must go on from ``new``, a view of its value: replaced, or read by a gradient."""
+        return _changed(new, old) or self.graph(point)
+
     def _check(self, point: Point, value: torch.Tensor, what: str) -> None:
         rows, width = len(self.batch), self.batch.width
         pos = value.shape[2] if point.axis == "pattern" else (value.shape[1] if value.ndim > 1 else -1)
@@ -196,7 +200,7 @@ def _input(run: _Run, point: Point, stack: ExitStack) -> None:
         h = hidden_of(args, kwargs)
         view = h.view(*h.shape[:2], *point.shape)
         new = run.apply(point, view)
-        return with_hidden(args, kwargs, new.reshape(h.shape)) if _changed(new, view) else None
+        return with_hidden(args, kwargs, new.reshape(h.shape)) if run.rebuild(point, new, view) else None
 
     stack.enter_context(input_hook(point.module, before))
 
@@ -312,7 +316,7 @@ def _qkv(run: _Run, parts: dict[str, Point], stack: ExitStack, layout: str) -> N
             ((part, point),) = parts.items()
             view = output.view(b, s, *point.shape)
             new = run.apply(point, view)
-            return new.reshape(output.shape) if _changed(new, view) else None
+            return new.reshape(output.shape) if run.rebuild(point, new, view) else None
         if layout == "per_head":
             grouped = output.view(b, s, shapes[0][0], -1)
             d = shapes[0][1]
@@ -321,7 +325,7 @@ def _qkv(run: _Run, parts: dict[str, Point], stack: ExitStack, layout: str) -> N
             widths = [count * d for count, d in shapes]
             pieces = [p.view(b, s, *shape) for p, shape in zip(output.split(widths, dim=-1), shapes)]
         hooked = [run.apply(parts[p], piece) if p in parts else piece for p, piece in zip("qkv", pieces)]
-        if not any(_changed(a, b) for a, b in zip(hooked, pieces)):
+        if not any(run.rebuild(parts[p], a, b) for p, a, b in zip("qkv", hooked, pieces) if p in parts):
             return None
         if layout == "per_head":
             return torch.cat(hooked, dim=-1).reshape(output.shape)
@@ -343,10 +347,10 @@ def _mlp_in(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
             new = run.apply(point, output)
             return new if _changed(new, output) else None
         pieces = output.chunk(2, dim=-1)
-        hooked = [
-            run.apply(parts[p], piece) if p in parts else piece for p, piece in zip(("pre", "pre_linear"), pieces)
-        ]
-        return torch.cat(hooked, dim=-1) if any(_changed(a, b) for a, b in zip(hooked, pieces)) else None
+        names = ("pre", "pre_linear")
+        hooked = [run.apply(parts[p], piece) if p in parts else piece for p, piece in zip(names, pieces)]
+        rebuilt = any(run.rebuild(parts[p], a, b) for p, a, b in zip(names, hooked, pieces) if p in parts)
+        return torch.cat(hooked, dim=-1) if rebuilt else None
 
     stack.enter_context(output_hook(module, after))
 
