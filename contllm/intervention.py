@@ -142,6 +142,10 @@ class _Run:
         """``value`` after every forward hook on ``point``; backward hooks attached to the result."""
         self._check(point, value, "values")
         hook = self.hook(point)
+        if self.graph(point) and not value.requires_grad:
+            # Nothing before the point takes a gradient (a duration bias when durations are not asked for):
+            # its value enters the graph here.
+            value = value.detach().requires_grad_(True)
         for fn in self.fwd.get(point.name, ()):
             new = fn(value, hook)
             if new is None:

@@ -206,3 +206,26 @@ def test_a_forward_of_other_signals_inside_the_context_is_refused() -> None:
         # Hooks inside the context made for other signals are not the call's: only the shape check guards them.
         with lm.hooks(signals(), [("blocks.0.attn.hook_q", lambda x, h: None)]) as state:
             state.check_reached()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "phi", "gpt2"])
+def test_a_duration_enters_only_through_the_bias_and_the_times(family: str) -> None:
+    # The short run with the plain run's times and every head's duration bias put back to the plain
+    # run's is the plain run: nothing else of the durations reaches the model.
+    lm = ContinuousLM(tiny_model64(family))
+    ids = prompt(N, 4)
+    durations = random_durations(N, 4)
+    plain = Signal.from_ids(ids, durations)
+    scaled = [2, 3, 4]
+    short = plain.scale_tokens(scaled, 0.5)
+
+    def restore(bias: torch.Tensor, hook) -> torch.Tensor:
+        bias = bias.clone()
+        keys = bias[..., scaled]
+        bias[..., scaled] = torch.where(keys > -1e30, keys + torch.log(torch.tensor(2.0, dtype=bias.dtype)), keys)
+        return bias
+
+    both = lm.run_with_hooks(short.with_times(plain.times), fwd_hooks=[(lambda n: n.endswith("hook_duration_bias"), restore)], positions="all")
+    assert max_diff(both, lm.run_with_hooks(plain, positions="all")) <= 1e-5
+    assert max_diff(lm.logits(short.with_times(plain.times), positions="all"), both) > 1e-3  # the bias matters
+    assert max_diff(lm.run_with_hooks(short, fwd_hooks=[(lambda n: n.endswith("hook_duration_bias"), restore)], positions="all"), both) > 1e-3
