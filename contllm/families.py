@@ -394,10 +394,8 @@ class Sizes:
 
 
 def sizes(lm: Any) -> Sizes:
-    """:class:`Sizes` of the text config of ``lm`` (a ContinuousLM or a transformers model; missing key/value heads:
-    the query heads; head width: hidden / heads)."""
-    net: Any = model_of(lm)
-    config = net.config.get_text_config()
+    """:class:`Sizes` of ``lm.model``'s text config (missing key/value heads: the query heads; head width: hidden / heads)."""
+    config = lm.model.config.get_text_config()
     hidden = int(config.hidden_size)
     heads = int(config.num_attention_heads)
     return Sizes(

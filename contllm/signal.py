@@ -39,7 +39,7 @@ Span = tuple[int, int]
 DEFAULT_START = -1.0
 
 #: Rows ``repr(signal)`` shows in full; a longer signal shows its first and last tokens.
-REPR_ROWS = 24
+REPR_ROWS = 48
 
 #: Largest |time| a signal may hold. The model reads times as float32 positions, whose
 #: spacing is 1 from 2**23 (8.4e6) on and 2 past 2**24: beyond this bound the rotary angles
@@ -281,7 +281,8 @@ class Signal:
         """One row per token: its label (:meth:`pieces`), the start of its interval, its duration and its time."""
         n = len(self)
         times, durations = self.times.tolist(), self.durations.tolist()
-        shown = list(range(n)) if n <= REPR_ROWS else [*range(REPR_ROWS - 4), -1, *range(n - 3, n)]
+        half = REPR_ROWS // 2
+        shown = list(range(n)) if n <= REPR_ROWS else [*range(half), -1, *range(n - half + 1, n)]
         labels = [repr(p) if self._has_text(i) else p for i, p in enumerate(self.pieces())]
         width = min(24, max(len(labels[i]) for i in shown if i >= 0))
         source = "from text" if self.text is not None else "of embeddings" if self.token_ids is None else "of token ids"

@@ -193,3 +193,24 @@ def test_evaluation_keeps_no_graph_and_bad_requests_are_signal_errors() -> None:
     with pytest.raises(SignalError, match="nothing to differentiate"):
         lm.gradients(s, log_p, wrt=[])
     assert all(p.requires_grad and p.grad is None for p in lm.model.parameters())
+
+
+def test_a_bfloat16_model_takes_gradients_through_its_float32_state() -> None:
+    import copy
+
+    model = tiny_model("llama", "sdpa")
+    half, full = ContinuousLM(copy.deepcopy(model).to(torch.bfloat16)), ContinuousLM(model)
+    s = Signal.from_ids(prompt(N, 1), random_durations(N, 1))
+    wrt = ["durations", "embeds", "blocks.1.attn.hook_pattern"]
+    got, want = half.gradients(s, log_p, wrt=wrt), full.gradients(s, log_p, wrt=wrt)
+
+    def norm_error(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.double() - b.double()).norm() / b.double().norm())
+
+    # bfloat16 matmuls: the gradients follow the float32 model's to bfloat16 rounding, not beyond it.
+    assert norm_error(got.durations[0], want.durations[0]) <= 0.2
+    assert norm_error(got.embeds[0], want.embeds[0]) <= 0.2
+    name = "blocks.1.attn.hook_pattern"
+    assert norm_error(got.activations[name][0], want.activations[name][0]) <= 0.2
+    assert all(p.dtype == torch.bfloat16 and p.requires_grad and p.grad is None for p in half.model.parameters())
+    assert half.model.config._attn_implementation == "sdpa"

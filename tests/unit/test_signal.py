@@ -135,4 +135,5 @@ def test_repr_is_a_table_of_tokens_starts_durations_and_times(tokenizer: PreTrai
     assert repr(Signal.from_ids([7, 8])).splitlines()[2].split() == ["0", "#7", "-1", "1", "0"]
     assert repr(Signal.from_embeds(torch.zeros(2, 3))).splitlines()[3].split()[1] == "[embed]"
     long = repr(Signal.from_ids(list(range(100)))).splitlines()
-    assert len(long) == 2 + 24 and long[-4].split() == ["..."] and long[-1].split()[0] == "99"
+    assert len(long) == 2 + 48 and long[2 + 24].split() == ["..."] and long[-1].split()[0] == "99"
+    assert long[2 + 23].split()[0] == "23" and long[2 + 25].split()[0] == "77"
