@@ -144,8 +144,8 @@ def smollm3(smollm: ContinuousLM) -> ContinuousLM:
 
 def test_every_head_of_a_layer_patched_is_the_attention_output_patched_on_smollm2(smollm3: ContinuousLM) -> None:
     """SmolLM2's attention (9 query heads on 3 key/value heads, head_dim 64; its first 3 layers) on count-001's
-    prompt: each head's columns of hook_z patched in turn, as the patching experiment builds them, with the
-    run's own values change nothing, and with the c = 1 run's give the c = 1 run's attention output."""
+    prompt: each head of hook_z patched in turn, as the patching experiment builds them, with the run's own
+    values change nothing, and with the c = 1 run's give the c = 1 run's attention output."""
     from contllm.activations import Patch, patch, run_with_cache
     from contllm.experiments.inside import prompt_of
     from contllm.experiments.patching import PatchingConfig
@@ -160,16 +160,15 @@ def test_every_head_of_a_layer_patched_is_the_attention_output_patched_on_smollm
     base = run_with_cache(smollm3, scaled, names=[z, out], positions=tail)
     other = run_with_cache(smollm3, plain, names=[z, out], positions=tail)
     own, theirs = base.rows(z)[0], other.rows(z)[0]
-    width = own.shape[-1] // heads
-    assert own.shape[-1] == heads * width == 576
+    assert own.shape == (len(tail), heads, 64)
     mixed = own.clone()
     for h in range(heads):
-        mixed[:, h * width : (h + 1) * width] = own[:, h * width : (h + 1) * width]
+        mixed[:, h] = own[:, h]
     with patch(smollm3, scaled, Patch(z, tail, mixed)):
         same = run_with_cache(smollm3, scaled, names=[out], positions=tail)
     assert torch.equal(same.logits[0][-1], base.logits[0][-1])
     for h in range(heads):
-        mixed[:, h * width : (h + 1) * width] = theirs[:, h * width : (h + 1) * width]
+        mixed[:, h] = theirs[:, h]
     with patch(smollm3, scaled, Patch(z, tail, mixed)):
         by_heads = run_with_cache(smollm3, scaled, names=[out], positions=tail)
     with patch(smollm3, scaled, Patch(out, tail, other.rows(out)[0])):
