@@ -158,8 +158,11 @@ class ActivationCache:
         Components: "embed" (and "pos_embed" for learned positions) unless ``incl_embeds`` is
         False, then "{i}_attn_out" and "{i}_mlp_out" for every earlier layer; mlp_input adds
         the layer's own "{layer}_attn_out" (the MLP's input, sequential families only).
-        Returns [components, batch, k, hidden] (and the labels). Needs ``hook_embed``, the
-        attention and MLP outputs (and ``hook_pos_embed``) in the cache.
+        Returns [components, batch, k, hidden] (and the labels). Needs the attention and MLP
+        outputs in the cache, and ``hook_embed`` and ``hook_pos_embed`` for learned positions,
+        ``blocks.0.hook_resid_pre`` for the others: "embed" is what enters the first layer
+        (the embeddings with any scale the model applies to them, as Gemma's base model does
+        in some transformers releases).
         """
         lm = self._model()
         count = self._count()
@@ -170,9 +173,10 @@ class ActivationCache:
             raise SignalError("mlp_input needs a layer of a sequential family (its MLP reads resid_mid)")
         parts: list[tuple[str, Any]] = []
         if incl_embeds:
-            parts.append(("embed", "hook_embed"))
             if family_of(model_of(lm)).position_table is not None:
-                parts.append(("pos_embed", "hook_pos_embed"))
+                parts += [("embed", "hook_embed"), ("pos_embed", "hook_pos_embed")]
+            else:
+                parts.append(("embed", ("resid_pre", 0)))
         for i in range(last):
             parts += [(f"{i}_attn_out", ("attn_out", i)), (f"{i}_mlp_out", ("mlp_out", i))]
         if mlp_input:

@@ -94,8 +94,9 @@ def hooked_attention_forward(
     v = value.to(work)
     groups = q.shape[1] // k.shape[1]
     keys, values = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scaling = kwargs.get("scaling")
-    scores = torch.matmul(q, keys.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scaling is None else scaling)
+    # Older transformers leave GPT-2's scale to its eager function: 1 / sqrt(head_dim) by default.
+    scaling = kwargs.get("scaling") or getattr(module, "scaling", None) or q.shape[-1] ** -0.5
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scaling
     softcap = kwargs.get("softcap")
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap

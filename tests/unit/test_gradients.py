@@ -214,3 +214,21 @@ def test_a_bfloat16_model_takes_gradients_through_its_float32_state() -> None:
     assert norm_error(got.activations[name][0], want.activations[name][0]) <= 0.2
     assert all(p.dtype == torch.bfloat16 and p.requires_grad and p.grad is None for p in half.model.parameters())
     assert half.model.config._attn_implementation == "sdpa"
+
+
+def test_durations_reach_a_rotary_table_computed_without_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Some transformers releases build the rotary table under no_grad: the times' share of a duration's
+    # gradient then goes through contllm's recomputation of the table (contllm.gradients.rotary_gradients).
+    import contextlib
+
+    from contllm import gradients as module
+    from contllm.families import rotary_module
+
+    lm = ContinuousLM(tiny_model64("gemma3"))  # one table per layer type
+    s = Signal.from_ids(prompt(N, 3), random_durations(N, 3))
+    want = lm.gradients(s, log_p).durations[0]
+    rotary = type(rotary_module(lm))
+    monkeypatch.setattr(rotary, "forward", torch.no_grad()(rotary.forward))
+    assert relative(lm.gradients(s, log_p).durations[0], want) <= 1e-9
+    monkeypatch.setattr(module, "rotary_gradients", lambda lm: contextlib.nullcontext())
+    assert relative(lm.gradients(s, log_p).durations[0], want) > 1e-2  # the times matter

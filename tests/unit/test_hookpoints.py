@@ -84,6 +84,7 @@ def first(x: Any) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family,impl", CASES)
+@torch.no_grad()
 def test_every_point_equals_the_stock_forward_at_unit_durations(family: str, impl: str) -> None:
     model = tiny_model(family, impl)
     lm = ContinuousLM(model)
@@ -161,7 +162,7 @@ def test_every_point_equals_the_stock_forward_at_unit_durations(family: str, imp
         heads = seen["q"].shape[1]
         assert torch.equal(c(f"{b}.attn.hook_duration_bias"), mask.expand(heads, -1, -1).float())
         keys = seen["k"].repeat_interleave(heads // seen["k"].shape[1], dim=1)
-        raw = seen["q"] @ keys.transpose(-1, -2) * seen["scaling"]
+        raw = seen["q"] @ keys.transpose(-1, -2) * (seen.get("scaling") or seen["q"].shape[-1] ** -0.5)
         if seen.get("softcap"):
             raw = torch.tanh(raw / seen["softcap"]) * seen["softcap"]
         visible = mask.expand(heads, -1, -1) > -1.0
