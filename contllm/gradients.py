@@ -36,7 +36,7 @@ from contllm.hooks import output_hook
 from contllm.intervention import Hook, hooks
 from contllm.signal import Signal, pad_signals
 
-__all__ = ["Gradients", "gradients"]
+__all__ = ["Gradients", "gradients", "rotary_gradients"]
 
 #: What ``wrt`` may name besides activations.
 INPUTS = ("durations", "embeds")

@@ -128,19 +128,19 @@ class _Run:
         """Whether the module must go on from ``new``, a view of its value: replaced, or read by a gradient."""
         return _changed(new, old) or self.graph(point)
 
-    def _check(self, point: Point, value: torch.Tensor, what: str) -> None:
+    def _check(self, point: Point, value: torch.Tensor) -> None:
         rows, width = len(self.batch), self.batch.width
         pos = value.shape[2] if point.axis == "pattern" else (value.shape[1] if value.ndim > 1 else -1)
         if value.shape[0] != rows or pos != width:
             raise SignalError(
                 f"{point.name}: the hooks were made for {rows} signals padded to {width} tokens, but this forward "
-                f"has {tuple(value.shape)} {what}; run the forward of the hooks' own signals inside the context "
+                f"has values of shape {tuple(value.shape)}; run the forward of the hooks' own signals inside the context "
                 "(run_with_hooks, run_with_cache)"
             )
 
     def apply(self, point: Point, value: torch.Tensor) -> torch.Tensor:
         """``value`` after every forward hook on ``point``; backward hooks attached to the result."""
-        self._check(point, value, "values")
+        self._check(point, value)
         hook = self.hook(point)
         if self.graph(point) and not value.requires_grad:
             # Nothing before the point takes a gradient (a duration bias when durations are not asked for):
