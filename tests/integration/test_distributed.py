@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 # Ten items split 5 + 5 over two processes; four factors keep each item quick.
-RUN = ["run", "counting", "--items", "10", "--samples", "4", "--device", "cpu", "--no-item-figures"]
+RUN = ["run", "counting", "--model", "smollm2-135m", "--items", "10", "--samples", "4", "--device", "cpu", "--no-item-figures"]
 THREADS = cpu_threads(2)  # what each of two launched processes on this machine takes
 
 

@@ -1,7 +1,7 @@
 """Every experiment, killed with SIGKILL midway and resumed, ends bitwise equal to an uninterrupted run.
 
 The one runner owns resume for all of them, so this is one test over the registry's
-experiments, each on a small selection of the default model.
+experiments, each on a small selection of SmolLM2 (the fast model).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def contents(run: Path) -> dict[str, object]:
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_a_killed_run_resumes_to_the_uninterrupted_result(name: str, tmp_path: Path) -> None:
-    args = ["run", name, *RUNS[name], "--no-item-figures"]
+    args = ["run", name, "--model", "smollm2-135m", *RUNS[name], "--no-item-figures"]
     whole = tmp_path / "whole"
     done = subprocess.run([*CONTLLM, *args, "--out", str(whole)], capture_output=True, text=True, env=environment(), timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
