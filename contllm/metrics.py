@@ -41,16 +41,19 @@ __all__ = [
     "count_calibration",
     "counterfactual_time_sensitivity",
     "default_thresholds",
+    "derivative",
     "found_counts",
     "implied_count",
     "iou",
     "iou_curve",
-    "lipschitz",
     "linear_fit",
+    "lipschitz",
+    "lipschitz_estimates",
     "max_jump",
     "mean_iou",
     "observed_time_sensitivity",
     "peak_rates",
+    "peaking",
     "range_excursion",
     "smoothness",
     "spearman",
@@ -334,38 +337,46 @@ def iou_curve(items: Sequence[Item], thresholds: Any) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PeakRates:
-    """How many of the expected counts {1..n} a sweep brings up, averaged over items (all in [0, 1]).
+    """The paper's peak rates: which digits a sweep brings up as the most probable one, averaged over items.
 
-    pure: share of counts that are the most probable label at some factor. unpure: share
-    of counts whose probability has a local maximum somewhere on the sweep (higher than
-    at each neighbouring factor), most probable there or not. chance: the mean of 1/n,
-    what a sweep that only ever shows one count reaches.
+    A label *peaks* when at some factor its probability is at least every other label's
+    (ties peak together). Per item, with n the true count: pure = the number of counts
+    1..n that peak, over n; unpure = the number of labels that peak, counts or not (0, or
+    more than n), over n, so it may exceed 1; chance = 1/n, the pure rate of a sweep that
+    only ever shows one count. pure_improvement and unpure_improvement are each item's rate
+    over its chance (rate x n: 1 when one count peaks, 1.5 when three of n = 2 labels do).
+    Every field is the mean over items.
     """
 
     pure: float
     unpure: float
     chance: float
+    pure_improvement: float
+    unpure_improvement: float
+
+
+def peaking(curve: CountCurve) -> frozenset[int]:
+    """The labels that are at least as probable as every other label at some factor of the sweep (ties all count)."""
+    top = curve.probs.max(axis=1, keepdims=True)  # [S, 1]
+    return frozenset(int(k) for k in curve.labels[(curve.probs >= top).any(axis=0)])
 
 
 def peak_rates(items: Sequence[Item]) -> PeakRates:
-    """:class:`PeakRates` of count curves (each needs at least two factors for a local maximum)."""
+    """:class:`PeakRates` of count curves."""
     curves = _items(items)
-    pure, unpure = [], []
+    pure, unpure, chance = [], [], []
     for curve in curves:
-        winners = {int(k) for k in curve.labels[np.argmax(curve.probs, axis=1)]}
-        pure.append(len(winners & curve.expected) / curve.n)
-        padded = np.pad(curve.probs, ((1, 1), (0, 0)), constant_values=-np.inf)
-        local = (padded[1:-1] > padded[:-2]) & (padded[1:-1] > padded[2:])  # [S, K]
-        peaked = {int(k) for k in curve.labels[local.any(axis=0)]}
-        unpure.append(len(peaked & curve.expected) / curve.n)
-    return PeakRates(float(np.mean(pure)), float(np.mean(unpure)), float(np.mean([1.0 / c.n for c in curves])))
+        peaks = peaking(curve)
+        pure.append(len(peaks & curve.expected) / curve.n)
+        unpure.append(len(peaks) / curve.n)
+        chance.append(1.0 / curve.n)
+    ratio = [p / c for p, c in zip(pure, chance)], [u / c for u, c in zip(unpure, chance)]
+    return PeakRates(*(float(np.mean(v)) for v in (pure, unpure, chance, *ratio)))
 
 
 def argmax_coverage(items: Sequence[Item]) -> float:
-    """Share of the expected counts {1..n} that are the argmax label at some factor (the pure peak rate of :func:`peak_rates`).
-
-    Averaged over items; ties in a sample go to the label listed first. Returns [0, 1].
-    """
+    """Share of the expected counts {1..n} that are the most probable label at some factor (a tie counts for every
+    label in it), averaged over items: the pure peak rate of :func:`peak_rates`. Returns [0, 1]."""
     return peak_rates(items).pure
 
 
@@ -490,21 +501,41 @@ def max_jump(y: Any) -> float:
     return float(np.abs(np.diff(curve, axis=0)).max())
 
 
-def lipschitz(x: Any, y: Any) -> float:
-    """Largest |dy / dx| between neighbouring samples, divided by the curve's range.
+def derivative(x: Any, y: Any) -> np.ndarray:
+    """dy/dx at every sample by finite differences: one-sided at the two ends, central inside.
 
-    x: [S] strictly increasing; y: [S] or [S, K] (each column divided by its own
-    max - min, then the maximum over columns). In units of the range per unit of x, so a
-    straight ramp over x in [0, 1] gives 1 whatever its height. A flat curve gives 0.
+    x: [S] strictly increasing (S >= 2); y: [S] or [S, K]. Returns [S, K] (a 1-D y as one
+    column), in units of y per unit of x.
     """
     xs = _increasing(x, "x", min_len=2)
     curve = _curve(y, "y", length=xs.shape[0])
-    spread = np.ptp(curve, axis=0)
-    slopes = np.abs(np.diff(curve, axis=0) / np.diff(xs)[:, None]).max(axis=0)
-    moving = spread > 0
-    if not moving.any():
-        return 0.0
-    return float((slopes[moving] / spread[moving]).max())
+    out = np.empty_like(curve)
+    out[0] = (curve[1] - curve[0]) / (xs[1] - xs[0])
+    out[-1] = (curve[-1] - curve[-2]) / (xs[-1] - xs[-2])
+    out[1:-1] = (curve[2:] - curve[:-2]) / (xs[2:] - xs[:-2])[:, None]
+    return out
+
+
+def lipschitz_estimates(x: Any, y: Any) -> np.ndarray:
+    """The paper's Lipschitz estimate of each column: the largest |dy/dx| (:func:`derivative`) over the column's range
+    max(y) - min(y).
+
+    x: [S] strictly increasing; y: [S] or [S, K]. Returns [K], in units of the range per
+    unit of x (a straight ramp over x in [0, 1] gives 1 whatever its height); NaN for a
+    flat column, whose range is 0.
+    """
+    slopes = np.abs(derivative(x, y)).max(axis=0)
+    spread = np.ptp(_curve(y, "y"), axis=0)
+    out = np.full(spread.shape, np.nan)
+    np.divide(slopes, spread, out=out, where=spread > 0)
+    return out
+
+
+def lipschitz(x: Any, y: Any) -> float:
+    """The largest of :func:`lipschitz_estimates` over the columns of y [S] or [S, K]; 0 when every column is flat."""
+    estimates = lipschitz_estimates(x, y)
+    moving = np.isfinite(estimates)
+    return float(estimates[moving].max()) if moving.any() else 0.0
 
 
 def range_excursion(y: Any) -> float:

@@ -2,7 +2,8 @@
 
 A label such as "3" or "true" is read as the total probability of the tokens that decode
 to exactly one of its spellings, with or without a leading space marker. Substrings never
-count: "no" is not "not", "1" is not "10".
+count: "no" is not "not", "1" is not "10". The paper's protocol reads the paper's broader
+sets instead (:func:`containing`, :func:`paper_digits`), every token that contains a piece.
 """
 
 from __future__ import annotations
@@ -115,28 +116,56 @@ BINARY_SPELLINGS: dict[str, Sequence[str]] = {"0": ["0"], "1": ["1"]}
 TRUTH_WORD_SPELLINGS: dict[str, Sequence[str]] = {"false": ["false", "False"], "true": ["true", "True"]}
 
 
-#: The paper's read-outs: a label is every token that contains one of these (lower-cased).
+#: The paper's read-outs: a label is every token that contains one of its pieces (lower-cased);
+#: a token that contains pieces of several labels goes to the first of them, in this order.
 PAPER_YES_NO: dict[str, Sequence[str]] = {"yes": ["yes"], "no": ["no"]}
-PAPER_TRUTH: dict[str, Sequence[str]] = {"0": ["0", "fa"], "1": ["1", "tr"]}
+PAPER_TRUTH: dict[str, Sequence[str]] = {"1": ["1", "tr"], "0": ["0", "fa"]}
+PAPER_DIGITS: dict[str, Sequence[str]] = {str(k): [str(k)] for k in range(10)}
+
+_CONTAINING: weakref.WeakKeyDictionary[Any, dict[tuple[tuple[str, tuple[str, ...]], ...], TokenSets]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def containing(tokenizer: Any, pieces: dict[str, Sequence[str]]) -> TokenSets:
-    """The paper's way of reading out: a label's tokens are those whose decoded text, lower-cased, contains one of its pieces.
+    """The paper's read-out sets: a label's tokens are those of the vocabulary whose text contains one of its pieces.
 
-    Broader than :meth:`TokenSets.build` ("no" takes "not" and "know"); kept so that the
-    paper's numbers can be reproduced. A token that contains pieces of two labels is left
-    out of both, since the sets may not overlap. ExperimentError for a label no token holds.
+    As the paper's scripts build them: every entry of ``tokenizer.get_vocab()`` (the raw
+    vocabulary, "Ġ" or "▁" space markers kept) except byte tokens (those containing "0x"),
+    compared lower-cased with each piece; a token that contains pieces of several labels
+    goes to the first such label in ``pieces``' order. Broader than :meth:`TokenSets.build`
+    ("no" takes "not" and "know", "1" takes "10" and "2021"); kept so that the paper's
+    numbers can be reproduced. ExperimentError for a label no token holds.
     """
+    key = tuple((label, tuple(parts)) for label, parts in pieces.items())
+    try:
+        cached = _CONTAINING.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that takes no weak reference: build, do not cache
+        cached = {}
+    if key in cached:
+        return cached[key]
     found: dict[str, list[int]] = {label: [] for label in pieces}
-    for i, text in enumerate(decoded_vocabulary(tokenizer)):
-        lower = text.lower()
-        labels = [label for label, parts in pieces.items() if any(part in lower for part in parts)]
-        if len(labels) == 1:
-            found[labels[0]].append(i)
+    lowered = [(label, [part.lower() for part in parts]) for label, parts in pieces.items()]
+    for text, index in tokenizer.get_vocab().items():
+        if "0x" in text:
+            continue
+        text = text.lower()
+        label = next((label for label, parts in lowered if any(part in text for part in parts)), None)
+        if label is not None:
+            found[label].append(int(index))
     missing = [label for label, ids in found.items() if not ids]
     if missing:
         raise ExperimentError(f"no token of this tokenizer contains {', '.join(map(repr, missing))}")
-    return TokenSets(tuple(found), tuple(tuple(ids) for ids in found.values()))
+    sets = TokenSets(tuple(found), tuple(tuple(sorted(ids)) for ids in found.values()))
+    cached[key] = sets
+    return sets
+
+
+def paper_digits(tokenizer: Any, labels: dict[str, Sequence[str]] | None = None) -> TokenSets:
+    """The paper's read-out of digits: each digit 0-9 is every token containing it (:func:`containing`), a token with
+    several digits going to the first of them in 0-9 order ("12" to 1, "20" to 0). ``labels``: other sets in that
+    form, e.g. the digits 0-4 and "other digits"."""
+    return containing(tokenizer, PAPER_DIGITS if labels is None else labels)
 
 
 def digits(tokenizer: Any) -> TokenSets:

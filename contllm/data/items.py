@@ -61,6 +61,8 @@ class CountingItem:
     ``article`` is the word with its indefinite article ("an apple"); ``multi_token`` is true
     when the word with a leading space is split into several tokens by the SmolLM2 tokenizer
     (GPT-2 style BPE), so duration scaling acts on more than one token per occurrence.
+    ``asked`` is what the paper's question asks about, the category with its article ("a
+    fruit"); empty where ``article`` is that already (the paper's rows).
     """
 
     id: str
@@ -69,6 +71,7 @@ class CountingItem:
     category: str
     n: int
     multi_token: bool
+    asked: str = ""
 
 
 @dataclass(frozen=True)
@@ -168,7 +171,8 @@ def _field(raw: Any, key: str, kind: type, where: str) -> Any:
 
 #: What a row of a counting dataset holds (the built-in file and --data alike).
 COUNTING_SCHEMA = (
-    "word, n (1-9) and optionally id, article ('an apple'), category ('fruits'), multi_token; or the paper's "
+    "word, n (1-9) and optionally id, article ('an apple'), category ('fruits'), multi_token, asked (what the "
+    "paper's question asks about, 'a fruit'); or the paper's "
     + ", ".join(COUNTING_FIELDS)
     + " (repetitions: a count or a list of counts; without it each word is asked 3, 4 and 5 times)"
 )
@@ -196,6 +200,7 @@ def _counting_item(row: Row) -> CountingItem:
         category=row.get("category", str, default="things"),
         n=row.get("n", int, check=_digit),
         multi_token=row.get("multi_token", bool, default=False),
+        asked=row.get("asked", str, default=""),
     )
 
 

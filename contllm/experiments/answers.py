@@ -37,6 +37,53 @@ def variation(sweep: Sweep) -> float:
     return metrics.range_excursion(sweep.probs)
 
 
+#: The paper's question groups for its Lipschitz breakdown: "one" joins first and second.
+PAPER_GROUPS = {"neither": "neither", "first": "one", "second": "one", "both": "both"}
+
+
+def lipschitz_breakdown(sweeps: Sequence[Sweep]) -> dict[str, Any]:
+    """The paper's Lipschitz estimates: one per item and answer (yes, no), averaged.
+
+    Each estimate is the largest |dP/dalpha| of the answer's curve by finite differences
+    (central inside, one-sided at the ends) over that curve's range max(P) - min(P)
+    (:func:`~contllm.metrics.lipschitz_estimates`); a flat curve (range 0) has none.
+    Returns mean_lipschitz (every estimate), mean_lipschitz_<group> for the groups
+    neither, one (first and second) and both, mean_lipschitz_<answer> for yes and no, and
+    lipschitz_by_group_and_answer ({group: {answer: mean}}); keys without estimates are left out.
+    """
+    from contllm import metrics
+
+    rows: list[tuple[str | None, str, float]] = []
+    for s in sweeps:
+        if len(s.x) < 2:
+            continue
+        estimates = metrics.lipschitz_estimates(s.x, s.probs[:, [s.labels.index("yes"), s.labels.index("no")]])
+        group = PAPER_GROUPS.get(str(s.meta.get("group")))
+        rows += [(group, answer, float(e)) for answer, e in zip(("yes", "no"), estimates) if np.isfinite(e)]
+
+    def mean(keep: Any) -> float | None:
+        values = [e for g, a, e in rows if keep(g, a)]
+        return float(np.mean(values)) if values else None
+
+    out: dict[str, Any] = {}
+    table: dict[str, dict[str, float]] = {}
+    for name, keep in [
+        ("mean_lipschitz", lambda g, a: True),
+        *[(f"mean_lipschitz_{g}", lambda g_, a, g=g: g_ == g) for g in ("neither", "one", "both")],
+        *[(f"mean_lipschitz_{a}", lambda g, a_, a=a: a_ == a) for a in ("yes", "no")],
+    ]:
+        value = mean(keep)
+        if value is not None:
+            out[name] = value
+    for g in ("neither", "one", "both"):
+        cells = {a: mean(lambda g_, a_, g=g, a=a: g_ == g and a_ == a) for a in ("yes", "no")}
+        if any(v is not None for v in cells.values()):
+            table[g] = {a: v for a, v in cells.items() if v is not None}
+    if table:
+        out["lipschitz_by_group_and_answer"] = table
+    return out
+
+
 # ------------------------------------------------------------------------------ figures
 
 

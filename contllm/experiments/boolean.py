@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -27,13 +27,18 @@ from contllm.experiments.interpolations import (
 )
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.sweeps import PROTOCOL, ExperimentResult, Sweep, SweepPlan, summary_start
+from contllm.experiments.protocol import PROTOCOL, with_paper_coverage
+from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepPlan, summary_start
 from contllm.lm import ContinuousLM
 from contllm.readout import PAPER_TRUTH, containing, truth_values
 from contllm.signal import Signal
 
 DEFAULT_TEMPLATE = "What is the truth value of {a} {op} {b}?\nAnswer: "
 CHAT_TEMPLATE = "What is the truth value of {a} {op} {b}? Reply with 0 or 1."
+#: The paper's prompt (its protocol).
+PAPER_TEMPLATE = "Question: What is the truth value of the following statement?\n{a} {op} {b}\nAnswer (0 or 1): "
+#: The paper's operators, in its order; it runs each pair in alphabetical order (AND -> NAND, NOR -> OR, ...).
+PAPER_OPERATORS = ("AND", "OR", "NAND", "NOR", "XOR")
 
 
 @dataclass(frozen=True)
@@ -48,17 +53,27 @@ class BooleanItem:
 
 
 @dataclass
-class BooleanConfig(AlphaSweepConfig, prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, ("a", "op", "b"), ("op",))):
+class BooleanConfig(
+    AlphaSweepConfig, prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, ("a", "op", "b"), ("op",)), paper=PAPER_TEMPLATE
+):
     """Options of the Boolean interpolation experiment (and :class:`AlphaSweepConfig`'s).
 
-    template: prompt with {a}, {op} and {b} fields; None picks the default.
-    operators: the operators to pair (every unordered pair); None: all in the dataset.
+    template: prompt with {a}, {op} and {b} fields; None picks the default (the paper's
+        under its protocol).
+    operators: the operators to pair (every unordered pair); None: all in the dataset, or
+        the paper's five (:data:`PAPER_OPERATORS`) under its protocol.
     method: "linear" or "slerp" interpolation of the embeddings.
     low, high, samples: the values of alpha (within [0, 1]; samples None: 21, or 100 for the
         paper's protocol); chat: use the chat template.
-    protocol: "paper" reads 0 and 1 as the paper does (every token containing "0" or "fa",
-        "1" or "tr"); the prompt stays the toolkit's.
+    protocol: "paper" takes the paper's prompt and operators, runs each pair in
+        alphabetical order and reads 0 and 1 as the paper does (every token containing "1"
+        or "tr" is 1, every other one containing "0" or "fa" is 0).
     """
+
+    BY_PROTOCOL: ClassVar[dict[str, tuple[Any, Any]]] = {
+        **AlphaSweepConfig.BY_PROTOCOL,
+        "operators": (None, PAPER_OPERATORS),
+    }
 
     operators: tuple[str, ...] | None = None
 
@@ -74,14 +89,16 @@ class BooleanConfig(AlphaSweepConfig, prompts=(DEFAULT_TEMPLATE, CHAT_TEMPLATE, 
 
 
 def boolean_items(config: BooleanConfig, table: BooleanTable | None = None) -> list[BooleanItem]:
-    """Every unordered operator pair (in dataset order) times every input pair."""
+    """Every unordered operator pair (in the operators' order) times every input pair; under the paper's protocol each
+    pair runs from the alphabetically first operator to the other, as the paper's script does."""
     table = table or load_boolean()
     ops = [
         table.operators[table.operators.index(o.upper())] if o.upper() in table.operators else o
         for o in (config.operators or table.operators)
     ]
     items = []
-    for first, second in itertools.combinations(ops, 2):
+    for pair in itertools.combinations(ops, 2):
+        first, second = sorted(pair) if config.paper else pair
         for a, b in table.pairs:
             items.append(BooleanItem(f"{first}-{second}-{a}{b}", first, second, a, b))
     return items
@@ -116,8 +133,23 @@ def plan_item(lm: ContinuousLM, item: BooleanItem, config: BooleanConfig) -> Swe
         "tokens_first": len(sa),
         "tokens_second": len(sb),
     }
-    sets = containing(lm.tokenizer, PAPER_TRUTH) if config.protocol == "paper" else truth_values(lm.tokenizer)
+    sets = containing(lm.tokenizer, PAPER_TRUTH) if config.paper else truth_values(lm.tokenizer)
     return interpolation_plan(lm, item.id, (sa, span_a, sb, span_b), alphas, config.method, sets, meta)
+
+
+def boolean_summary(result: ExperimentResult) -> dict[str, Any]:
+    """The headline numbers of a Boolean result (:attr:`BooleanExperiment.metrics`)."""
+    sweeps, out = summary_start(result)
+
+    def correct(s: Sweep, p: np.ndarray, truth: Any) -> bool:
+        return int(p[s.labels.index("1")] > p[s.labels.index("0")]) == int(truth)
+
+    out.update(end_accuracy(sweeps, ("truth_first", "truth_second"), correct))
+    shapes = [metrics.smoothness(s.x, s.column("1")) for s in sweeps if len(s.x) > 1]
+    if shapes:
+        out["mean_total_variation_p1"] = float(np.mean([m.total_variation for m in shapes]))
+        out["mean_max_jump_p1"] = float(np.mean([m.max_jump for m in shapes]))
+    return out
 
 
 class BooleanExperiment(AlphaSweepExperiment):
@@ -154,18 +186,9 @@ class BooleanExperiment(AlphaSweepExperiment):
         return f"{m.get('first')} -> {m.get('second')} on ({m.get('a')}, {m.get('b')}), {m.get('method')}"
 
     def summary(self, result: ExperimentResult) -> dict[str, Any]:
-        """Truth-table accuracy at alpha 0 and 1 (argmax of 0 vs 1); mean total variation and largest step of P(1)."""
-        sweeps, out = summary_start(result)
-
-        def correct(s: Sweep, p: np.ndarray, truth: Any) -> bool:
-            return int(p[s.labels.index("1")] > p[s.labels.index("0")]) == int(truth)
-
-        out.update(end_accuracy(sweeps, ("truth_first", "truth_second"), correct))
-        shapes = [metrics.smoothness(s.x, s.column("1")) for s in sweeps if len(s.x) > 1]
-        if shapes:
-            out["mean_total_variation_p1"] = float(np.mean([m.total_variation for m in shapes]))
-            out["mean_max_jump_p1"] = float(np.mean([m.max_jump for m in shapes]))
-        return out
+        """Truth-table accuracy at alpha 0 and 1 (argmax of 0 vs 1); mean total variation and largest step of P(1);
+        with the paper's coverage where recorded."""
+        return with_paper_coverage(result, boolean_summary)
 
     def summary_figure(self, result: ExperimentResult) -> Any:
         from contllm.experiments import figures

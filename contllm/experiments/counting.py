@@ -14,6 +14,7 @@ from typing import Any
 from contllm.data import COUNTING_SCHEMA, CountingItem, load_counting, read_counting
 from contllm.data.user import DataFileOption
 from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.experiments.protocol import PaperSearch
 from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, Sweep, SweepPlan, scaled_plan
 from contllm.lm import ContinuousLM
 
@@ -80,11 +81,16 @@ class CountingConfig(DurationSweepConfig, DataFileOption, prompts=PROMPTS, paper
 
 
 def render_item(lm: ContinuousLM, item: CountingItem, config: CountingConfig) -> Rendered:
-    """The item's prompt, with the span of every occurrence of the word under "words"."""
+    """The item's prompt, with the span of every occurrence of the word under "words".
+
+    The paper's question asks about the category ("how many times is a fruit mentioned"):
+    under its protocol {article} is the item's :attr:`~contllm.data.CountingItem.asked` where it has one.
+    """
+    paper_question = config.paper and config.template is None
     values = {
         "words": [item.word] * item.n,
         "word": item.word,
-        "article": item.article,
+        "article": (item.asked or item.article) if paper_question else item.article,
         "category": item.category,
     }
     rendered = render(config.resolved_template(), values, required=("words",))
@@ -97,7 +103,8 @@ def plan_item(lm: ContinuousLM, item: CountingItem, config: CountingConfig) -> S
     """The sweep of one counting item: the word's occurrences scaled by each factor."""
     rendered = render_item(lm, item, config)
     meta = {"word": item.word, "n": item.n, "category": item.category}
-    return scaled_plan(lm, item.id, rendered.text, rendered.spans["words"], config, str(item.n), meta)
+    search = PaperSearch(item.word, item.word)  # the paper's script: from the first token holding the word to the last
+    return scaled_plan(lm, item.id, rendered.text, rendered.spans["words"], config, str(item.n), meta, search)
 
 
 class CountingExperiment(CountingSweepExperiment):

@@ -6,14 +6,17 @@ at alpha = 1 the last ``moved`` occurrences have become the other word ("apple c
 cash"), so the right count falls from n to n - moved when the other word is not of the
 category (and stays n when it is: apple to pear). The moved occurrences are interpolated
 as one span, aligned in time when the two words tokenize differently; the digits 0-9 are
-read out. This is the paper's ``embedding_interpolation_counting``.
+read out. This follows the settings of the paper's ``embedding_interpolation_counting``
+that its code comments out; ``--protocol paper`` runs its active one: "apple apple apple
+apple" moved whole into "pear pear pear pear" under the question "How many apples appear
+...", by slerp over 100 alphas, the digits 0-4 and "other digits" read out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -23,6 +26,7 @@ from contllm.experiments.base import Metric, option_table
 from contllm.experiments.counting import QUESTION_TEMPLATE
 from contllm.experiments.interpolations import AlphaSweepExperiment, alpha_options, end_accuracy, interpolation_plan
 from contllm.experiments.prompts import check_template, render
+from contllm.experiments.protocol import PROTOCOL, resolve_defaults, resolved_samples, with_paper_coverage
 from contllm.experiments.sweeps import (
     ExperimentResult,
     Sweep,
@@ -31,7 +35,7 @@ from contllm.experiments.sweeps import (
     summary_start,
     sweep_values,
 )
-from contllm.readout import digits
+from contllm.readout import TokenSets, digits, paper_digits
 from contllm.signal import Signal
 
 #: (word, other word, the category asked about with its article, whether the other word is of it too).
@@ -62,44 +66,84 @@ class PairItem:
         return self.n, self.n if self.same else self.n - self.moved
 
 
+#: The paper's active setting: its question asks for apples, which pear is not, so the count falls from 4 to 0.
+PAPER_PAIRS = (("apple", "pear", "a fruit", False),)
+
+#: The paper's question ({word} is the first word, asked for in the plural).
+PAPER_TEMPLATE = (
+    'Question: How many {word}s appear in the sentence "{words}"? Reply with a single-digit number, '
+    "including 0 if there are none.\nAnswer: "
+)
+
+#: The paper's read-out: the digits 0-4, and the other digits together.
+PAPER_LABELS: dict[str, tuple[str, ...]] = {
+    **{str(k): (str(k),) for k in range(5)},
+    "other digits": tuple(str(k) for k in range(5, 10)),
+}
+
+#: Values of alpha per item: the toolkit's default and the paper's.
+SAMPLES, PAPER_SAMPLES = 21, 100
+
+
 @dataclass
 class CountingInterpolationConfig:
     """Options of the counting interpolation.
 
     n: words in the sentence (2-9); moved: how many of the last occurrences move (1..n;
-        None: n - 1, as the paper does). template: the question, with {words} and
-        {article}; None: the paper's counting question. method: linear or slerp.
-    low, high, samples: the values of alpha (within [0, 1]).
+        None: n - 1, or all n under the paper's protocol). template: the question, with
+        {words} and optionally {article} and {word}; None: the paper's counting question, or
+        under its protocol the question of its active setting (:data:`PAPER_TEMPLATE`).
+    method: linear or slerp; None: linear, or slerp under the paper's protocol.
+    low, high, samples: the values of alpha (within [0, 1]; samples None: 21, or 100 under
+        the paper's protocol).
+    protocol: "paper" runs the paper's active setting (:data:`PAPER_PAIRS`, its question,
+        slerp, 100 alphas, the read-out :data:`PAPER_LABELS` as the paper's sets).
     """
+
+    BY_PROTOCOL: ClassVar[dict[str, tuple[Any, Any]]] = {"method": ("linear", "slerp")}
 
     n: int = 4
     moved: int | None = None
     template: str | None = None
-    method: str = "linear"
+    method: str | None = None
     low: float = 0.0
     high: float = 1.0
-    samples: int = 21
+    samples: int | None = None
+    protocol: str = "contllm"
 
     def __post_init__(self) -> None:
+        self.samples = resolved_samples(self.samples, self.protocol, SAMPLES, PAPER_SAMPLES)
+        resolve_defaults(self, self.BY_PROTOCOL)
         if isinstance(self.n, bool) or not 2 <= self.n <= 9:
             raise ExperimentError(f"n must be from 2 to 9 (a digit is read out), got {self.n!r}")
         if self.moved is None:
-            self.moved = self.n - 1
+            self.moved = self.n if self.paper else self.n - 1
         if not 1 <= self.moved <= self.n:
             raise ExperimentError(f"moved must be from 1 to n = {self.n}, got {self.moved}")
-        check_alpha_sweep(self.low, self.high, self.samples, self.method)
-        check_template(self.resolved_template(), ("words", "article"), required=("words",))
+        check_alpha_sweep(self.low, self.high, self.samples, str(self.method))
+        check_template(self.resolved_template(), ("words", "article", "word"), required=("words",))
+
+    @property
+    def paper(self) -> bool:
+        return self.protocol == "paper"
 
     def resolved_template(self) -> str:
-        return QUESTION_TEMPLATE if self.template is None else self.template
+        if self.template is not None:
+            return self.template
+        return PAPER_TEMPLATE if self.paper else QUESTION_TEMPLATE
+
+    def readout(self, tokenizer: Any) -> TokenSets:
+        """The digits 0-9 (exact tokens), or the paper's sets of :data:`PAPER_LABELS` under its protocol."""
+        return paper_digits(tokenizer, dict(PAPER_LABELS)) if self.paper else digits(tokenizer)
 
 
 def pair_items(config: CountingInterpolationConfig) -> list[PairItem]:
-    """One item per pair of :data:`PAIRS`, with ``config``'s n and moved."""
+    """One item per pair of :data:`PAIRS` (or :data:`PAPER_PAIRS` under the paper's protocol), with ``config``'s n
+    and moved."""
     assert config.moved is not None
     return [
         PairItem(f"{word}-{other}", word, other, article, same, config.n, config.moved)
-        for word, other, article, same in PAIRS
+        for word, other, article, same in (PAPER_PAIRS if config.paper else PAIRS)
     ]
 
 
@@ -110,7 +154,7 @@ def plan_item(lm: Any, item: PairItem, config: CountingInterpolationConfig) -> S
     for last in (item.word, item.other):
         rendered = render(
             config.resolved_template(),
-            {"words": [item.word] * kept + [last] * item.moved, "article": item.article},
+            {"words": [item.word] * kept + [last] * item.moved, "article": item.article, "word": item.word},
             required=("words",),
         )
         spans = rendered.spans["words"][kept:]
@@ -129,12 +173,27 @@ def plan_item(lm: Any, item: PairItem, config: CountingInterpolationConfig) -> S
         "method": config.method,
     }
     pair = (*ends[0], *ends[1])
-    return interpolation_plan(lm, item.id, pair, alphas, config.method, digits(lm.tokenizer), meta, str(first))
+    sets = config.readout(lm.tokenizer)
+    return interpolation_plan(lm, item.id, pair, alphas, str(config.method), sets, meta, str(first))
 
 
 def other_tokens(sweep: Sweep) -> np.ndarray:
-    """The probability [S] of every token that is not a digit (1 - the digits' total)."""
+    """The probability [S] of every token outside the read-out (1 - the labels' total)."""
     return np.clip(1.0 - sweep.probs.sum(axis=1), 0.0, 1.0)
+
+
+def summarize(result: ExperimentResult) -> dict[str, Any]:
+    """The headline numbers of a counting-interpolation result (:attr:`CountingInterpolationExperiment.metrics`)."""
+    sweeps, out = summary_start(result)
+    out.update(
+        end_accuracy(sweeps, ("count_first", "count_second"), lambda s, p, n: s.labels[int(np.argmax(p))] == str(n))
+    )
+    falling = [s for s in sweeps if s.meta["count_second"] != s.meta["count_first"] and len(s.x) > 1]
+    rhos = [metrics.spearman(s.x, s.implied_value()) for s in falling]
+    out["mean_spearman_implied_vs_alpha"] = float(np.nanmean(rhos)) if rhos else float("nan")
+    out["mean_variation"] = float(np.mean([metrics.range_excursion(s.probs) for s in sweeps]))
+    out["mean_other_tokens"] = float(np.mean([other_tokens(s).mean() for s in sweeps]))
+    return out
 
 
 class CountingInterpolationExperiment(AlphaSweepExperiment):
@@ -151,9 +210,10 @@ class CountingInterpolationExperiment(AlphaSweepExperiment):
         *option_table(
             """
             n      int  Words in the sentence (2-9). [default: 4]
-            moved  int  How many of the last occurrences move into the other word. [default: n - 1]
+            moved  int  How many of the last occurrences move into the other word. [default: n - 1; n under --protocol paper]
             """
         ),
+        PROTOCOL,
     )
     metrics = Metric.table(
         """
@@ -176,17 +236,9 @@ class CountingInterpolationExperiment(AlphaSweepExperiment):
         return f"{m.get('word')} -> {m.get('other')} ({m.get('moved')} of {m.get('n')} moved; count {m.get('count_first')} -> {m.get('count_second')})"
 
     def summary(self, result: ExperimentResult) -> dict[str, Any]:
-        """Accuracy at both ends, the implied count's rank correlation with alpha, the variation of the digit curves."""
-        sweeps, out = summary_start(result)
-        out.update(
-            end_accuracy(sweeps, ("count_first", "count_second"), lambda s, p, n: s.labels[int(np.argmax(p))] == str(n))
-        )
-        falling = [s for s in sweeps if s.meta["count_second"] != s.meta["count_first"] and len(s.x) > 1]
-        rhos = [metrics.spearman(s.x, s.implied_value()) for s in falling]
-        out["mean_spearman_implied_vs_alpha"] = float(np.nanmean(rhos)) if rhos else float("nan")
-        out["mean_variation"] = float(np.mean([metrics.range_excursion(s.probs) for s in sweeps]))
-        out["mean_other_tokens"] = float(np.mean([other_tokens(s).mean() for s in sweeps]))
-        return out
+        """Accuracy at both ends, the implied count's rank correlation with alpha, the variation of the digit curves;
+        with the paper's coverage where recorded."""
+        return with_paper_coverage(result, summarize)
 
     def summary_figure(self, result: ExperimentResult) -> Any:
         return summary_figure(result)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from contllm.data import EVENTS_SCHEMA, EventItem, load_events, read_events
 from contllm.data.user import DataFileOption
 from contllm.errors import ExperimentError
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.experiments.protocol import PaperSearch
 from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, Sweep, SweepPlan, scaled_plan
 from contllm.lm import ContinuousLM
 
@@ -70,8 +71,11 @@ class EventsConfig(DurationSweepConfig, DataFileOption, prompts=PROMPTS):
     event: 0 scales every event together; k in 1..n scales only the k-th event.
     data: a dataset file (:func:`read_events`) instead of the built-in passages; its
         contents' sha256 is kept in data_sha256, so that a resumed run refuses a changed file.
-    protocol: "paper" writes each passage as the paper does (:func:`paper_prompt`).
+    protocol: "paper" writes each passage as the paper does (:func:`paper_prompt`) and samples
+        40 factors, as the paper's events script.
     """
+
+    PAPER_SAMPLES: ClassVar[int] = 40
 
     event: int = 0
 
@@ -125,7 +129,9 @@ def plan_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> SweepP
         raise ExperimentError(f"item {item.id} has {len(spans)} events; event {config.event} does not exist")
     chosen = rendered.spans.get("block", spans) if config.event == 0 else [spans[config.event - 1]]
     meta = {"kind": item.kind, "n": item.n, "event": config.event}
-    return scaled_plan(lm, item.id, rendered.text, chosen, config, str(item.n), meta)
+    # The paper's script scales all events together: from the first token holding "-" to the last holding ".".
+    search = PaperSearch("-", ".") if config.event == 0 else None
+    return scaled_plan(lm, item.id, rendered.text, chosen, config, str(item.n), meta, search)
 
 
 class EventsExperiment(CountingSweepExperiment):

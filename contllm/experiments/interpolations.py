@@ -17,6 +17,7 @@ import numpy as np
 
 from contllm.errors import ExperimentError, SignalError
 from contllm.experiments.options import METHOD, Option
+from contllm.experiments.protocol import PAPER_RUNS
 from contllm.experiments.sweeps import (
     Sweep,
     SweepConfig,
@@ -46,11 +47,11 @@ class AlphaSweepConfig(SweepConfig):
     method: str = "linear"
 
     def check_knob(self) -> None:
-        check_alpha_sweep(self.low, self.high, self.samples, self.method)
+        check_alpha_sweep(*self.bounds(), self.samples, self.method)
 
     def alphas(self) -> np.ndarray:
         """The values of alpha [S], from low to high."""
-        return sweep_values(self.low, self.high, self.samples, include=None)
+        return sweep_values(*self.bounds(), self.samples, include=None)
 
 
 class AlphaSweepExperiment(SweepExperiment):
@@ -75,14 +76,15 @@ def interpolation_plan(
     truth: str | None = None,
 ) -> SweepPlan:
     """The sweep of one item: the first end's span moved into the second's at each alpha (``method``: linear or
-    slerp); ``meta`` gets both prompts' provenance. ExperimentError naming the item where the spans cannot be
-    interpolated."""
+    slerp); ``meta`` gets both prompts' provenance and whether the paper's code could have run the item (it
+    interpolates the two prompts position by position, so they must have as many tokens). ExperimentError naming
+    the item where the spans cannot be interpolated."""
     sa, span_a, sb, span_b = ends
     try:
         signals = [interpolate_spans(sa, span_a, sb, span_b, float(x), method=method) for x in alphas]  # type: ignore[arg-type]
     except SignalError as err:
         raise ExperimentError(f"item {item_id}: {err}") from None
-    meta = {**meta, **ends_provenance(lm.tokenizer, sa, span_a, sb, span_b)}
+    meta = {**meta, PAPER_RUNS: len(sa) == len(sb), **ends_provenance(lm.tokenizer, sa, span_a, sb, span_b)}
     return SweepPlan(item_id, alphas, signals, token_sets, truth=truth, meta=meta)
 
 

@@ -12,7 +12,8 @@ per step evaluates every factor of an item that is still writing its number.
 The implied sum at c reads each digit of the greedy answer as its expectation (the
 digit distribution at that step, along the greedy path), weighted by its place. A model
 that read a number lasting c as c times the number would follow the line
-a·c + b (a: the scaled number, b: the other), through the true sum at c = 1.
+a·c + b (a: the scaled number, b: the other), through the true sum at c = 1. The paper's
+outcome classes (:func:`success`) read the first digit's probabilities alone.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from contllm.errors import ExperimentError
 from contllm.experiments import figures
 from contllm.experiments.base import Experiment, Metric, RunContext, Table
 from contllm.experiments.prompts import Rendered, apply_chat, render
+from contllm.experiments.protocol import PAPER_RUNS, PaperSearch, with_paper_coverage
 from contllm.experiments.records import Record, Records
-from contllm.experiments.sweeps import DurationSweepConfig, provenance, sweep_values
+from contllm.experiments.sweeps import DurationSweepConfig, provenance, selected
 from contllm.signal import Signal
 
 #: Worked examples: the problem, then its sum written out. Small models write the right sum
@@ -51,8 +53,11 @@ DEFAULT_TEMPLATE = (
     + "Question: {problem}\nAnswer: {first} + {second} = "
 )
 CHAT_TEMPLATE = "{problem} Reply with the number only."
-#: The paper's prompt is the problem itself (its rows end in the answer's start, "Answer: Mia delivered ").
+#: The paper's prompt is the problem itself: its rows are whole prompts ending in the answer's
+#: start ("...?\nAnswer: Mia delivered "); a built-in problem is written in that form (:data:`PAPER_FORM`).
 PAPER_TEMPLATE = "{problem}"
+#: The paper's form of a problem that has an answer start (:attr:`SumItem.answer`).
+PAPER_FORM = "Question: {problem}\nAnswer: {answer} "
 FIELDS = ("problem", "first", "second")
 
 #: Largest number a problem may add (the answer is read digit by digit).
@@ -61,7 +66,8 @@ MOST = 999_999
 #: What a row of a --data file holds, for --help and the README.
 DATA_SCHEMA = (
     "problem (a text with {first}, {second} and optionally {name}), first, second (whole numbers), and "
-    "optionally id, name, scaled (first or second; default first); or the paper's " + ", ".join(SUMS_FIELDS)
+    "optionally id, name, scaled (first or second; default first), answer (the answer's start in the paper's form, "
+    "e.g. '{name} has'); or the paper's " + ", ".join(SUMS_FIELDS)
 )
 
 
@@ -70,7 +76,9 @@ class SumItem:
     """A word problem adding two whole numbers.
 
     problem: the text with {first}, {second} (and optionally {name}) fields; scaled:
-    "first" or "second", the number whose tokens are scaled.
+    "first" or "second", the number whose tokens are scaled; answer: the start of the
+    answer the paper's prompts end with ("{name} has", fields allowed), empty when the
+    problem holds its own (the paper's rows).
     """
 
     id: str
@@ -79,6 +87,7 @@ class SumItem:
     second: int
     name: str = ""
     scaled: str = "first"
+    answer: str = ""
 
     @property
     def truth(self) -> int:
@@ -89,13 +98,27 @@ class SumItem:
         """(the scaled number a, the other number b)."""
         return (self.first, self.second) if self.scaled == "first" else (self.second, self.first)
 
-    def rendered(self) -> Rendered:
-        """The problem's text and the character spans of its fields."""
+    def rendered(self, *, paper: bool = False) -> Rendered:
+        """The problem's text and the character spans of its fields; with ``paper``, in the paper's form
+        (:data:`PAPER_FORM`) when the problem has an answer start."""
+        text = self.problem
+        if paper and self.answer:
+            text = PAPER_FORM.replace("{problem}", self.problem).replace("{answer}", self.answer)
         return render(
-            self.problem,
+            text,
             {"first": str(self.first), "second": str(self.second), "name": self.name},
             required=("first", "second"),
         )
+
+    def search(self) -> PaperSearch | None:
+        """What the paper's script searches for to find the scaled number's tokens; None where its code stops first
+        (a one-digit number, which has no second digit to end the search at)."""
+        digits = str(self.numbers[0])
+        if len(digits) < 2:
+            return None
+        if self.scaled == "first":
+            return PaperSearch(digits[0], digits[1], before="and")
+        return PaperSearch(digits[0], digits[1], after="and", before=".")
 
 
 def read_sums(path: str | Path) -> list[SumItem]:
@@ -119,11 +142,12 @@ def _sum_item(row: Row) -> SumItem:
             default="first",
             check=lambda v: None if v in ("first", "second") else f"must be 'first' or 'second', got {v!r}",
         ),
+        answer=row.get("answer", str, default=""),
     )
     try:
-        item.rendered()
+        item.rendered(paper=True)
     except ExperimentError as err:
-        raise row.error(str(err), "problem") from None
+        raise row.error(str(err), "answer" if item.answer else "problem") from None
     if "{name}" in item.problem and not item.name:
         raise row.error("the problem has a {name} field but the row gives no name", "name")
     return item
@@ -146,28 +170,24 @@ class SumsConfig(DurationSweepConfig, DataFileOption, prompts=PROMPTS, paper=PAP
 
     template: the prompt, with a {problem} field and optionally {first} and {second}
         (the numbers written again; the scaled one is scaled there too); None: the default.
-    low, high, samples: the duration factors c, evenly spaced (1.0 added when inside).
+    low, high, samples: the duration factors c, evenly spaced (1.0 added when inside);
+        high None: 1.5, or 1.0 (the paper's linspace(0.1, 1, 100)) under the paper's protocol.
     chat: wrap the prompt in the model's chat template.
     data: a dataset file (:func:`read_sums`) instead of the built-in problems; its
         contents' sha256 is kept in data_sha256, so that a resumed run refuses a changed file.
     """
 
     SAMPLES: ClassVar[int] = 8
-
-    low: float = 0.1
-    high: float = 1.5
+    BY_PROTOCOL: ClassVar[dict[str, tuple[Any, Any]]] = {**DurationSweepConfig.BY_PROTOCOL, "high": (1.5, 1.0)}
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.read_data(read_sums)
 
-    def factors(self) -> np.ndarray:
-        return sweep_values(self.low, self.high, self.samples)
-
 
 def render_item(lm: Any, item: SumItem, config: SumsConfig) -> Rendered:
     """The item's prompt; its spans hold "scaled": every place where the scaled number is written."""
-    problem = item.rendered()
+    problem = item.rendered(paper=config.paper and config.template is None)
     outer = render(
         config.resolved_template(),
         {"problem": problem.text, "first": str(item.first), "second": str(item.second)},
@@ -258,23 +278,50 @@ def measures(record: SumRecord) -> dict[str, float]:
     }
 
 
-def success(record: SumRecord) -> dict[str, bool]:
-    """The paper's outcome classes of one problem (docs/paper.md), from its greedy answers over the factors.
+def outputs(scaled: int, other: int) -> tuple[str, list[str], list[str]]:
+    """The first digits the paper's analysis compares, for a scaled (shrunk) number a and the other number b.
 
-    valid: the answer at c = 1 is the true sum; successful: valid, and the answer at the
-    smallest factor is below the true sum; strongly: successful, and the answer never
-    grows as c shrinks; completely: successful, and the answer at the smallest factor is
-    the other number b alone.
+    Returns (the unshrunk output: the first digit of a + b; the shrunk outputs: the first
+    digits of b + the first digit of a and of b + its second digit; the other outputs: the
+    first digits of b + x for x in 0..9, less those), all as digit labels "0".."9".
     """
+    shrunk = sorted({str(other + int(d))[0] for d in str(scaled)[:2]})
+    unshrunk = str(other + scaled)[0]
+    others = sorted({str(other + x)[0] for x in range(10)} - set(shrunk) - {unshrunk})
+    return unshrunk, shrunk, others
+
+
+def success(record: SumRecord) -> dict[str, bool]:
+    """The paper's outcome classes of one problem (docs/paper.md), from the first digit's probabilities over the factors.
+
+    With the outputs of :func:`outputs` (the shrunk outputs' probabilities summed, the
+    others each on its own): valid: at c = 1 the unshrunk output is more probable than the
+    shrunk sum and than every other output; successful: valid, and at some factor the
+    shrunk sum beats the unshrunk output; strongly: successful, and at some factor the
+    shrunk sum beats the unshrunk output and every other; completely: strongly, and at no
+    factor where the shrunk sum beats the unshrunk output does another output beat the
+    shrunk sum. Only factors up to 1 count (the paper's sweep ends there); without c = 1
+    nothing is valid.
+    """
+    probs = record.first_digit()
+    column = {label: probs[:, j] for j, label in enumerate(record.labels)}
+    unshrunk_label, shrunk_labels, other_labels = outputs(record.scaled, record.other)
+    unshrunk = column[unshrunk_label]
+    shrunk = np.sum([column[label] for label in shrunk_labels], axis=0)
+    others = np.array([column[label] for label in other_labels]).reshape(len(other_labels), len(record.x))
     ones = np.flatnonzero(np.isclose(record.x, 1.0, atol=1e-9))
-    greedy = record.greedy()
-    valid = bool(len(ones)) and bool(greedy[ones[0]] == record.truth)
-    successful = valid and bool(greedy[0] < record.truth)
+    valid = bool(len(ones)) and bool(
+        unshrunk[ones[0]] > shrunk[ones[0]] and (unshrunk[ones[0]] > others[:, ones[0]]).all()
+    )
+    beats = (shrunk > unshrunk) & (record.x <= 1.0 + 1e-9)
+    successful = valid and bool(beats.any())
+    strongly = successful and bool((beats & (shrunk > others).all(axis=0)).any())
+    completely = strongly and not bool((beats & (shrunk < others).any(axis=0)).any())
     return {
         "valid": valid,
         "successful": successful,
-        "strongly_successful": successful and bool(np.all(np.diff(greedy) >= 0)),
-        "completely_successful": successful and bool(greedy[0] == record.other),
+        "strongly_successful": strongly,
+        "completely_successful": completely,
     }
 
 
@@ -316,17 +363,28 @@ def _appended(signal: Signal, token: int) -> Signal:
 
 
 def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRecord:
-    """Evaluate one problem: the first digit at every factor, then one greedy step per digit (one call per step)."""
+    """Evaluate one problem: the first digit at every factor, then one greedy step per digit (one call per step).
+
+    The digits are read with the protocol's sets (:meth:`SumsConfig.digit_sets`); the greedy
+    answer appends the most probable token that is exactly the chosen digit.
+    """
     from contllm.readout import decoded_vocabulary, digits
 
-    sets = digits(lm.tokenizer)
+    sets = config.digit_sets(lm.tokenizer)
+    exact = digits(lm.tokenizer)
     vocabulary = decoded_vocabulary(lm.tokenizer)
     # A digit continues the number only when it is written without a leading space.
-    digit_of = {i: label for label, ids in zip(sets.labels, sets.token_ids) for i in ids if vocabulary[i] == label}
+    digit_of = {i: label for label, ids in zip(exact.labels, exact.token_ids) for i in ids if vocabulary[i] == label}
     rendered = render_item(lm, item, config)
     base = Signal.from_text(lm.tokenizer, rendered.text, add_special_tokens=not config.chat)
+    search = item.search()
+    runs: bool | None = False
+    if search is None:
+        edited = base.token_indices(rendered.spans["scaled"])
+    else:
+        edited, runs = selected(lm.tokenizer, base, rendered.spans["scaled"], search, config.selection)
     x = config.factors()
-    signals = [base.scale(rendered.spans["scaled"], float(c)) for c in x]
+    signals = [base.scale_tokens(edited, float(c)) for c in x]
     answers = [""] * len(x)
     live = list(range(len(x)))
     steps: list[list[list[float] | None]] = []
@@ -341,7 +399,7 @@ def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRe
             rows[i] = [float(p) for p in gathered[j]]
             if step == 0:  # the first digit is read among the digits, whatever the top token
                 label = sets.labels[int(np.argmax(gathered[j]))]
-                ids = sets.token_ids[sets.labels.index(label)]
+                ids = exact.token_ids[exact.labels.index(label)]
                 token = ids[int(probs[j, list(ids)].argmax())]
             else:
                 token = int(probs[j].argmax())
@@ -360,9 +418,36 @@ def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRe
         "problem": item.rendered().text,
         "scaled_field": item.scaled,
         "tokens": len(base),
-        **provenance(lm.tokenizer, base, base.token_indices(rendered.spans["scaled"])),
+        PAPER_RUNS: runs,
+        **provenance(lm.tokenizer, base, edited),
     }
     return SumRecord(item.id, x, list(sets.labels), steps, answers, item.truth, a, b, meta)
+
+
+def sums_summary(result: SumsResult) -> dict[str, Any]:
+    """The headline numbers of a sums result (:attr:`SumsExperiment.metrics` and the means of :func:`measures`)."""
+    if not result.records:
+        raise ExperimentError("the result holds no records")
+    per_item = [measures(r) for r in result.records]
+    out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(per_item)}
+
+    def mean(key: str) -> float:
+        values = [m[key] for m in per_item if np.isfinite(m[key])]
+        return float(np.mean(values)) if values else float("nan")
+
+    out["accuracy_at_1"] = mean("correct_at_1")
+    out["first_digit_accuracy_at_1"] = mean("first_digit_correct_at_1")
+    for key in ("slope", "slope_ratio", "r2", "spearman", "mae_line"):
+        out[f"mean_{key}"] = mean(key)
+    # A greedy answer with a digit too many (152 for 83) moves a problem's slope by a hundred.
+    ratios = [m["slope_ratio"] for m in per_item if np.isfinite(m["slope_ratio"])]
+    out["median_slope_ratio"] = float(np.median(ratios)) if ratios else float("nan")
+    outcomes = [success(r) for r in result.records]
+    out["valid_rate"] = float(np.mean([o["valid"] for o in outcomes]))
+    valid = [o for o in outcomes if o["valid"]]
+    for key in SUCCESS[1:]:
+        out[f"{key}_rate"] = float(np.mean([o[key] for o in valid])) if valid else float("nan")
+    return out
 
 
 class SumsExperiment(Experiment[SumRecord, SumsResult]):
@@ -385,10 +470,10 @@ class SumsExperiment(Experiment[SumRecord, SumsResult]):
         accuracy_at_1               higher  share of problems whose greedy answer at factor 1 is the true sum
         mean_spearman               higher  Spearman correlation of the implied sum with the factor, mean over problems
         mean_mae_line               lower   mean |implied sum - (a·c + b)| over the factors, mean over problems
-        valid_rate                  higher  share of problems whose greedy answer at factor 1 is the true sum
-        successful_rate             higher  share of valid problems answered below the true sum at the smallest factor
-        strongly_successful_rate    higher  share of valid problems successful with an answer that never grows as c shrinks
-        completely_successful_rate  higher  share of valid problems answered b alone at the smallest factor
+        valid_rate                  higher  share of problems whose first digit at factor 1 is the true sum's, beating the shrunk outputs' sum and each other output
+        successful_rate             higher  share of valid problems where the shrunk outputs' summed probability beats the true first digit at some factor
+        strongly_successful_rate    higher  share of valid problems where the shrunk outputs beat the true first digit and every other output at some factor
+        completely_successful_rate  higher  share of valid problems strongly successful where no other output beats the shrunk outputs wherever they beat the true digit
         """
     )
 
@@ -427,29 +512,9 @@ class SumsExperiment(Experiment[SumRecord, SumsResult]):
         }
 
     def summary(self, result: SumsResult) -> dict[str, Any]:
-        """Accuracy at c = 1, the per-problem :func:`measures` averaged over problems (``mean_``), the median slope ratio."""
-        if not result.records:
-            raise ExperimentError("the result holds no records")
-        per_item = [measures(r) for r in result.records]
-        out: dict[str, Any] = {"experiment": result.experiment, "model": result.model, "items": len(per_item)}
-
-        def mean(key: str) -> float:
-            values = [m[key] for m in per_item if np.isfinite(m[key])]
-            return float(np.mean(values)) if values else float("nan")
-
-        out["accuracy_at_1"] = mean("correct_at_1")
-        out["first_digit_accuracy_at_1"] = mean("first_digit_correct_at_1")
-        for key in ("slope", "slope_ratio", "r2", "spearman", "mae_line"):
-            out[f"mean_{key}"] = mean(key)
-        # A greedy answer with a digit too many (152 for 83) moves a problem's slope by a hundred.
-        ratios = [m["slope_ratio"] for m in per_item if np.isfinite(m["slope_ratio"])]
-        out["median_slope_ratio"] = float(np.median(ratios)) if ratios else float("nan")
-        outcomes = [success(r) for r in result.records]
-        out["valid_rate"] = float(np.mean([o["valid"] for o in outcomes]))
-        valid = [o for o in outcomes if o["valid"]]
-        for key in SUCCESS[1:]:
-            out[f"{key}_rate"] = float(np.mean([o[key] for o in valid])) if valid else float("nan")
-        return out
+        """Accuracy at c = 1, the per-problem :func:`measures` averaged over problems (``mean_``), the median slope ratio,
+        the paper's outcome rates (:func:`success`); with the paper's coverage where recorded."""
+        return with_paper_coverage(result, sums_summary)
 
     def report_columns(self, result: SumsResult) -> dict[str, Any]:
         x, _ = result.common() if result.records else (np.array([np.nan]), [])

@@ -21,6 +21,18 @@ from contllm import metrics
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Experiment, Metric, RunContext, Table
 from contllm.experiments.options import Option
+from contllm.experiments.protocol import (
+    PAPER_RUNS,
+    PROTOCOL,
+    SELECTION,
+    PaperSearch,
+    check_selection,
+    decoded_tokens,
+    paper_search,
+    resolve_defaults,
+    resolved_samples,
+    with_paper_coverage,
+)
 from contllm.experiments.records import Record, RecordList, Records
 from contllm.readout import TokenSets
 from contllm.signal import Signal
@@ -54,32 +66,6 @@ def sweep_values(low: float, high: float, samples: int | None, *, include: float
     return values.astype(np.float64)
 
 
-#: How an experiment builds its prompts, selects its tokens, reads out and samples its knob:
-#: "contllm" (the toolkit's own defaults) or "paper" (as the paper's scripts do; docs/paper.md).
-PROTOCOLS = ("contllm", "paper")
-
-PROTOCOL = Option(
-    "protocol",
-    "str",
-    "contllm (the toolkit's prompts and exact read-outs) or paper (the paper's prompts, token selection, "
-    "read-out sets and sampling density; see docs/paper.md). [default: contllm]",
-)
-
-
-def check_protocol(protocol: str) -> None:
-    """ExperimentError unless ``protocol`` is one of :data:`PROTOCOLS`."""
-    if protocol not in PROTOCOLS:
-        raise ExperimentError(f"protocol must be {' or '.join(map(repr, PROTOCOLS))}, got {protocol!r}")
-
-
-def resolved_samples(samples: int | None, protocol: str, default: int, paper: int) -> int:
-    """``samples`` when given, else the protocol's own number of values per item."""
-    check_protocol(protocol)
-    if samples is not None:
-        return samples
-    return paper if protocol == "paper" else default
-
-
 def check_method(method: str) -> None:
     """ExperimentError unless ``method`` is an interpolation method ("linear" or "slerp")."""
     if method not in ("linear", "slerp"):
@@ -101,9 +87,10 @@ class SweepConfig:
     template: the prompt (None: the experiment's default, its chat default with chat, or
         the paper's with protocol "paper" where the experiment has one).
     low, high, samples: the knob's values, evenly spaced; samples None: the protocol's
-        number (:attr:`SAMPLES`, or :attr:`PAPER_SAMPLES` for the paper's).
+        number (:attr:`SAMPLES`, or :attr:`PAPER_SAMPLES` for the paper's); high None: the
+        protocol's (:attr:`BY_PROTOCOL`).
     chat: wrap the prompt in the model's chat template (instruct models).
-    protocol: "contllm" or "paper" (:data:`PROTOCOLS`).
+    protocol: "contllm" or "paper" (:data:`~contllm.experiments.protocol.PROTOCOLS`).
     """
 
     DEFAULT_TEMPLATE: ClassVar[str] = ""
@@ -113,6 +100,8 @@ class SweepConfig:
     REQUIRED: ClassVar[tuple[str, ...]] = ()
     SAMPLES: ClassVar[int] = 10
     PAPER_SAMPLES: ClassVar[int] = 100
+    #: Fields left None that take their protocol's default: name -> (the toolkit's, the paper's).
+    BY_PROTOCOL: ClassVar[dict[str, tuple[Any, Any]]] = {"high": (1.0, 1.0)}
 
     def __init_subclass__(
         cls,
@@ -130,7 +119,7 @@ class SweepConfig:
 
     template: str | None = None
     low: float = 0.1
-    high: float = 1.0
+    high: float | None = None
     samples: int | None = None
     chat: bool = False
     protocol: str = "contllm"
@@ -139,8 +128,20 @@ class SweepConfig:
         from contllm.experiments.prompts import check_template
 
         self.samples = resolved_samples(self.samples, self.protocol, self.SAMPLES, self.PAPER_SAMPLES)
+        resolve_defaults(self, self.BY_PROTOCOL)
         self.check_knob()
         check_template(self.resolved_template(), self.FIELDS, required=self.REQUIRED)
+
+    @property
+    def paper(self) -> bool:
+        """Whether the config follows the paper's protocol."""
+        return self.protocol == "paper"
+
+    def bounds(self) -> tuple[float, float]:
+        """(low, high) of the knob (high resolved by the protocol)."""
+        if self.high is None:
+            raise ExperimentError("the sweep's range has no end; the config was not initialised")
+        return self.low, self.high
 
     def check_knob(self) -> None:
         """ExperimentError unless low, high and samples make a sweep of the knob."""
@@ -148,7 +149,7 @@ class SweepConfig:
     def resolved_template(self) -> str:
         if self.template is not None:
             return self.template
-        if self.protocol == "paper" and self.PAPER_TEMPLATE:
+        if self.paper and self.PAPER_TEMPLATE:
             return self.PAPER_TEMPLATE
         return self.CHAT_TEMPLATE if self.chat else self.DEFAULT_TEMPLATE
 
@@ -156,22 +157,52 @@ class SweepConfig:
 @dataclass
 class DurationSweepConfig(SweepConfig):
     """Options shared by the experiments that scale durations (counting, events, sums, ...): a
-    :class:`SweepConfig` whose knob is the duration factor (positive; 1.0 added when inside the range)."""
+    :class:`SweepConfig` whose knob is the duration factor (positive; 1.0 added when inside the range).
+
+    selection: how the tokens to scale are found, "contllm" (by the characters of the
+    filled-in text) or "paper" (the paper's search of decoded tokens,
+    :func:`~contllm.experiments.protocol.paper_search`); None: "paper" under the paper's protocol.
+    """
+
+    BY_PROTOCOL: ClassVar[dict[str, tuple[Any, Any]]] = {**SweepConfig.BY_PROTOCOL, "selection": ("contllm", "paper")}
+
+    selection: str | None = None
 
     def check_knob(self) -> None:
-        if self.low <= 0:
-            raise ExperimentError(f"duration factors must be positive; the range starts at {self.low}")
-        sweep_values(self.low, self.high, self.samples)
+        low, high = self.bounds()
+        if low <= 0:
+            raise ExperimentError(f"duration factors must be positive; the range starts at {low}")
+        sweep_values(low, high, self.samples)
+        check_selection(str(self.selection))
+
+    def factors(self) -> np.ndarray:
+        """The duration factors [S], evenly spaced from low to high, 1.0 added when inside."""
+        low, high = self.bounds()
+        return sweep_values(low, high, self.samples)
+
+    def digit_sets(self, tokenizer: Any) -> TokenSets:
+        """The read-out of the digits 0-9: exact tokens, or under the paper's protocol every token containing the
+        digit (:func:`~contllm.readout.paper_digits`)."""
+        from contllm.readout import digits, paper_digits
+
+        return paper_digits(tokenizer) if self.paper else digits(tokenizer)
 
     @classmethod
     def command_options(cls, *own: Option, schema: str | None = None) -> tuple[Option, ...]:
         """The options of an experiment over a dataset that takes this config: --range and --samples of the duration
         factor (the config's defaults), --template, --chat, ``own``, --data (rows as ``schema`` says; without a
-        schema, no --data) and --protocol."""
+        schema, no --data), --protocol and --selection."""
         from contllm.data.user import data_option_help
 
         data = () if schema is None else (Option("data", "str", data_option_help(schema)),)
-        return (*sweep_options("the duration factor c", f"{cls.low},{cls.high}", cls.SAMPLES), *own, *data, PROTOCOL)
+        default_range = f"{cls.low},{cls.BY_PROTOCOL['high'][0]}"
+        return (
+            *sweep_options("the duration factor c", default_range, cls.SAMPLES),
+            *own,
+            *data,
+            PROTOCOL,
+            SELECTION,
+        )
 
 
 def sweep_options(knob: str, default_range: str, default_samples: int) -> tuple[Option, ...]:
@@ -223,23 +254,44 @@ def scaled_plan(
     config: DurationSweepConfig,
     truth: str,
     meta: dict[str, Any],
+    search: PaperSearch | None = None,
 ) -> SweepPlan:
-    """A duration sweep: the prompt ``text`` with ``spans`` scaled by each factor of ``config``; digits read out."""
-    from contllm.readout import digits
+    """A duration sweep: the prompt ``text`` with ``spans`` scaled by each factor of ``config``; digits read out.
 
+    search: what the paper's token search looks for in this prompt (:func:`selected`); None
+    where the paper has no script for the item.
+    """
     base = Signal.from_text(lm.tokenizer, text, add_special_tokens=not config.chat)
-    factors = sweep_values(config.low, config.high, config.samples)
-    edited = base.token_indices(list(spans))
+    factors = config.factors()
+    edited, runs = selected(lm.tokenizer, base, spans, search, config.selection)
     signals = [base.scale_tokens(edited, float(c)) for c in factors]
     return SweepPlan(
         item_id,
         factors,
         signals,
-        digits(lm.tokenizer),
+        config.digit_sets(lm.tokenizer),
         truth=truth,
-        meta={**meta, "tokens": len(base), **provenance(lm.tokenizer, base, edited)},
+        meta={**meta, "tokens": len(base), PAPER_RUNS: runs, **provenance(lm.tokenizer, base, edited)},
         edited=edited,
     )
+
+
+def selected(
+    tokenizer: Any, base: Signal, spans: Sequence[Any], search: PaperSearch | None, selection: str | None
+) -> tuple[list[int], bool | None]:
+    """The tokens to scale, and whether the paper's code could have run the item (None without a ``search``).
+
+    The paper's code runs an item where its search (:func:`~contllm.experiments.protocol.paper_search`)
+    finds the tokens. With ``selection`` "paper" those tokens are scaled; where the search
+    finds none, and with "contllm", the tokens that overlap ``spans`` (character spans of
+    the text) are.
+    """
+    if search is None or base.token_ids is None:
+        return base.token_indices(list(spans)), None
+    found = paper_search(decoded_tokens(tokenizer, base.token_ids.tolist()), search)
+    if selection == "paper" and found is not None:
+        return found, True
+    return base.token_indices(list(spans)), found is not None
 
 
 @dataclass
@@ -427,39 +479,20 @@ class CountingSweepExperiment(SweepExperiment):
         mean_spearman_implied_vs_factor      higher  Spearman correlation of the implied count E[k] with the factor, mean over items
         auc_observed_time_sensitivity        higher  area over h of the share of counts 1..n reaching probability h somewhere on the sweep
         auc_counterfactual_time_sensitivity  higher  the same, read only at factor 1
-        argmax_coverage                      higher  share of counts 1..n that are the most probable digit at some factor (the pure peak rate)
+        pure_peak_rate                       higher  counts 1..n that are at least as probable as every other digit at some factor, over n; mean over items
         auc_iou                              higher  area over h of the IoU of the digits reaching h on the sweep with {1..n}
-        unpure_peak_rate                     higher  share of counts 1..n whose probability has a local maximum on the sweep
-        pure_peak_gain                       higher  argmax_coverage minus the mean of 1/n (what a sweep showing one count reaches)
-        unpure_peak_gain                     higher  unpure_peak_rate minus the mean of 1/n
+        unpure_peak_rate                     higher  digits 0-9 that are at least as probable as every other digit at some factor, over n; mean over items
+        pure_improvement_over_chance         higher  the pure peak rate over the chance rate 1/n (1: one count peaks), mean over items
+        unpure_improvement_over_chance       higher  the unpure peak rate over the chance rate 1/n, mean over items
+        pure_peak_gain                       higher  pure_peak_rate minus chance_peak_rate, the mean of 1/n (a difference, not the paper's ratio)
+        unpure_peak_gain                     higher  unpure_peak_rate minus chance_peak_rate (a difference, not the paper's ratio)
         """
     )
 
     def summary(self, result: ExperimentResult) -> dict[str, Any]:
-        """Accuracy of the argmax digit at factor 1, mean Spearman of E[k] with the factor, time-sensitivity AUCs."""
-        sweeps, out = summary_start(result)
-        has_one = all(np.isclose(s.x, 1.0).any() for s in sweeps)
-        if has_one:
-            out["accuracy_at_1"] = float(np.mean([s.labels[int(np.argmax(s.at(1.0)))] == s.truth for s in sweeps]))
-        rhos = [metrics.spearman(s.x, s.implied_value()) for s in sweeps if len(s.x) > 1]
-        out["mean_spearman_implied_vs_factor"] = float(np.nanmean(rhos)) if rhos else float("nan")
-        curves = [metrics.count_curve(s) for s in sweeps]
-        h = metrics.default_thresholds()
-        out["auc_observed_time_sensitivity"] = metrics.area_under_curve(h, metrics.observed_time_sensitivity(curves, h))
-        if has_one:
-            out["auc_counterfactual_time_sensitivity"] = metrics.area_under_curve(
-                h, metrics.counterfactual_time_sensitivity(curves, h)
-            )
-        rates = metrics.peak_rates(curves)
-        out["argmax_coverage"] = rates.pure
-        out["auc_iou"] = metrics.area_under_curve(h, metrics.iou_curve(curves, h))
-        out.update(
-            unpure_peak_rate=rates.unpure,
-            chance_peak_rate=rates.chance,
-            pure_peak_gain=rates.pure - rates.chance,
-            unpure_peak_gain=rates.unpure - rates.chance,
-        )
-        return out
+        """Accuracy of the argmax digit at factor 1, mean Spearman of E[k] with the factor, time-sensitivity AUCs and
+        the paper's peak rates (:func:`~contllm.metrics.peak_rates`); with the paper's coverage where recorded."""
+        return with_paper_coverage(result, count_summary)
 
     def summary_figure(self, result: ExperimentResult) -> Any:
         from contllm.experiments import figures
@@ -470,6 +503,35 @@ class CountingSweepExperiment(SweepExperiment):
         from contllm.experiments import figures
 
         return figures.count_comparison([figures.Compared(label, r, self.summary(r)) for label, r in results])
+
+
+def count_summary(result: ExperimentResult) -> dict[str, Any]:
+    """The headline numbers of a counting or events result (:attr:`CountingSweepExperiment.metrics`)."""
+    sweeps, out = summary_start(result)
+    has_one = all(np.isclose(s.x, 1.0).any() for s in sweeps)
+    if has_one:
+        out["accuracy_at_1"] = float(np.mean([s.labels[int(np.argmax(s.at(1.0)))] == s.truth for s in sweeps]))
+    rhos = [metrics.spearman(s.x, s.implied_value()) for s in sweeps if len(s.x) > 1]
+    out["mean_spearman_implied_vs_factor"] = float(np.nanmean(rhos)) if rhos else float("nan")
+    curves = [metrics.count_curve(s) for s in sweeps]
+    h = metrics.default_thresholds()
+    out["auc_observed_time_sensitivity"] = metrics.area_under_curve(h, metrics.observed_time_sensitivity(curves, h))
+    if has_one:
+        out["auc_counterfactual_time_sensitivity"] = metrics.area_under_curve(
+            h, metrics.counterfactual_time_sensitivity(curves, h)
+        )
+    out["auc_iou"] = metrics.area_under_curve(h, metrics.iou_curve(curves, h))
+    rates = metrics.peak_rates(curves)
+    out.update(
+        pure_peak_rate=rates.pure,
+        unpure_peak_rate=rates.unpure,
+        chance_peak_rate=rates.chance,
+        pure_improvement_over_chance=rates.pure_improvement,
+        unpure_improvement_over_chance=rates.unpure_improvement,
+        pure_peak_gain=rates.pure - rates.chance,
+        unpure_peak_gain=rates.unpure - rates.chance,
+    )
+    return out
 
 
 def summary_start(result: ExperimentResult) -> tuple[list[Sweep], dict[str, Any]]:

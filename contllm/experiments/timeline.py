@@ -11,6 +11,11 @@ same distribution up to float rounding; the translation summary reports the larg
 change of any token's probability from tau = 0. A learned position table (GPT-2) is
 read at fractional times by linear interpolation between its rows, and translation
 moves its outputs; the same numbers say by how much.
+
+``--protocol paper`` runs the paper's scripts: its three prompts (:data:`PAPER_PROMPTS`),
+positions 1..n (the integration starting at 0, so that scaling multiplies every position
+and translation starts the integration at tau), its 100 values of the knob and no
+other, and tokens of the tokenizer's base vocabulary tracked.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from contllm.data.user import DataFileOption, data_option_help
 from contllm.errors import ExperimentError
 from contllm.experiments.base import option_table
 from contllm.experiments.options import Option
+from contllm.experiments.protocol import PROTOCOL, resolved_samples
 from contllm.experiments.sweeps import sweep_values
 from contllm.experiments.tracking import (
     DEFAULT_THRESHOLD,
@@ -40,32 +46,48 @@ from contllm.experiments.tracking import (
 TOLERANCE = 1e-4
 PROMPT_ROWS = "id, prompt (other fields, such as those of tokens, are ignored)"
 
+#: The prompts of the paper's scaling and translation scripts.
+PAPER_PROMPTS = (
+    PromptItem("france", "The capital of France is"),
+    PromptItem("gatsby", "The Great Gatsby is my favourite"),
+    PromptItem("romeo", "O Romeo, Romeo, wherefore art thou"),
+)
+
 
 @dataclass
 class TimelineConfig(DataFileOption):
     """What the scaling and translation options share: the knob from ``low`` to ``high`` in
     ``samples`` values (``REFERENCE``, the plain prompt's value, added when inside), the
-    tracking threshold and --data."""
+    tracking threshold, --data and --protocol (samples None: :attr:`SAMPLES`, or 100 under
+    the paper's protocol, which adds no reference value: the paper's values alone)."""
 
     REFERENCE: ClassVar[float] = 0.0
+    SAMPLES: ClassVar[int] = 21
+    PAPER_SAMPLES: ClassVar[int] = 100
 
     low: float = 0.0
     high: float = 1.0
-    samples: int = 21
+    samples: int | None = None
     threshold: float = DEFAULT_THRESHOLD
+    protocol: str = "contllm"
 
     def __post_init__(self) -> None:
+        self.samples = resolved_samples(self.samples, self.protocol, self.SAMPLES, self.PAPER_SAMPLES)
         self.check_range()
         self.values()
         check_threshold(self.threshold)
         self.read_data(lambda path: load_items(path, edits=False))
+
+    @property
+    def paper(self) -> bool:
+        return self.protocol == "paper"
 
     def check_range(self) -> None:
         """ExperimentError for a range the knob cannot take."""
 
     def values(self) -> np.ndarray:
         """The knob's values [S]."""
-        return sweep_values(self.low, self.high, self.samples, include=self.REFERENCE)
+        return sweep_values(self.low, self.high, self.samples, include=None if self.paper else self.REFERENCE)
 
 
 @dataclass
@@ -73,10 +95,10 @@ class ScalingConfig(TimelineConfig):
     """Options of the scaling experiment: s from ``low`` to ``high`` (> 0), ``samples`` values, 1.0 added when inside."""
 
     REFERENCE: ClassVar[float] = 1.0
+    SAMPLES: ClassVar[int] = 30
 
     low: float = 0.01
     high: float = 1.5
-    samples: int = 30
 
     def check_range(self) -> None:
         if self.low <= 0:
@@ -112,7 +134,15 @@ def _meta(lm: Any, item: PromptItem, base: Any) -> dict[str, Any]:
     return {"prompt": item.prompt, "tokens": len(base), "family": lm.family.name, "positions": lm.family.positions}
 
 
-def _check_table(lm: Any, items: Sequence[PromptItem], latest: float, earliest: float, what: str) -> None:
+def base_signal(lm: Any, item: PromptItem, config: TimelineConfig) -> Any:
+    """The item's plain prompt: times 0..n-1, or the paper's positions 1..n under its protocol."""
+    base = lm.signal(item.prompt)
+    return replace(base, start=0.0) if config.paper else base
+
+
+def _check_table(
+    lm: Any, items: Sequence[PromptItem], config: TimelineConfig, latest: float, earliest: float, what: str
+) -> None:
     """ExperimentError when a learned position table would be read outside its rows (it would be clamped)."""
     if lm.family.positions != "learned":
         return
@@ -122,7 +152,7 @@ def _check_table(lm: Any, items: Sequence[PromptItem], latest: float, earliest: 
             f"{what}: the first token would sit at time {earliest:g}, before the position table's first row"
         )
     for item in items:
-        end = lm.signal(item.prompt).end
+        end = base_signal(lm, item, config).end
         last = end * latest if what == "scaling" else end + latest  # the latest time the sweep reaches
         if last > rows - 1:
             raise ExperimentError(f"{what}: item {item.id} reaches beyond the {rows} rows of the position table")
@@ -130,15 +160,16 @@ def _check_table(lm: Any, items: Sequence[PromptItem], latest: float, earliest: 
 
 def timeline_options(knob: str, what: str, default_range: str, reference: str, samples: int) -> tuple[Option, ...]:
     """The options of scaling and translation: the range of ``knob`` (``what``, e.g. "the scale s (> 0)") and its
-    values per prompt (``reference``, the plain prompt's value, added inside the range), the threshold, --data."""
+    values per prompt (``reference``, the plain prompt's value, added inside the range), the threshold, --data and
+    --protocol."""
     table = option_table(
         f"""
         range      range  MIN,MAX of {what}. [default: {default_range}]
-        samples    int    Values of {knob} per prompt ({reference} is added when inside the range). [default: {samples}]
+        samples    int    Values of {knob} per prompt ({reference} is added when inside the range, except under --protocol paper). [default: {samples}; 100 under --protocol paper]
         threshold  float  Track every token whose probability exceeds this somewhere on the sweep. [default: {DEFAULT_THRESHOLD}]
         """
     )
-    return (*table, Option("data", "str", data_option_help(PROMPT_ROWS)))
+    return (*table, Option("data", "str", data_option_help(PROMPT_ROWS)), PROTOCOL)
 
 
 class TimelineExperiment(TrackingExperiment):
@@ -152,17 +183,20 @@ class TimelineExperiment(TrackingExperiment):
     move: ClassVar[Any] = None
 
     def sweep(self, lm: Any, item: PromptItem, config: Any) -> TrackPlan:
-        base = lm.signal(item.prompt)
+        base = base_signal(lm, item, config)
         values = config.values()
-        return TrackPlan(
-            self.knob, values, [self.move(base, float(v)) for v in values], self.reference, _meta(lm, item, base)
-        )
+        # The paper's scripts track among the tokenizer's base vocabulary (ids below its vocab_size).
+        candidates = int(lm.tokenizer.vocab_size) if config.paper else None
+        signals = [self.move(base, float(v)) for v in values]
+        return TrackPlan(self.knob, values, signals, self.reference, _meta(lm, item, base), candidates)
 
     def items(self, config: Any) -> Sequence[PromptItem]:
+        if config.paper and config.data is None:
+            return list(PAPER_PROMPTS)
         return load_items(config.data, edits=False)
 
     def check(self, lm: Any, config: Any) -> None:
-        _check_table(lm, self.items(config), config.high, min(config.low, 0.0), self.name)
+        _check_table(lm, self.items(config), config, config.high, min(config.low, 0.0), self.name)
 
 
 class ScalingExperiment(TimelineExperiment):
@@ -172,7 +206,8 @@ class ScalingExperiment(TimelineExperiment):
         "Each prompt's whole time axis is multiplied by s: every token lasts s steps and token i sits at time s*i "
         "(s = 1: the stock model; s -> 0: every token at nearly one time). The whole next-token distribution is read "
         "at each s, and every token whose probability exceeds --threshold somewhere is tracked. Items are the prompts "
-        "of the tokens dataset (ids such as capital-france), or --data."
+        "of the tokens dataset (ids such as capital-france), or --data; the paper's three (france, gatsby, romeo) "
+        "under --protocol paper."
     )
     Config = ScalingConfig
     options = timeline_options("s", "the scale s (> 0)", "0.01,1.5", "1.0", 30)
@@ -216,7 +251,8 @@ class TranslationExperiment(TimelineExperiment):
         "see only time differences, so the distribution must not move beyond float rounding; the summary reports "
         f"the largest change of any token's probability from tau = 0 (within {TOLERANCE:g} is invariant). A learned "
         "position table (GPT-2) is interpolated at fractional times and moves. Items are the prompts of the tokens "
-        "dataset (ids such as capital-france), or --data."
+        "dataset (ids such as capital-france), or --data; the paper's three (france, gatsby, romeo) under "
+        "--protocol paper."
     )
     Config = TranslationConfig
     distance = "max_dp"

@@ -156,12 +156,14 @@ def track(
     threshold: float,
     reference: float | None,
     meta: dict[str, Any] | None = None,
+    candidates: int | None = None,
 ) -> Track:
     """Reduce full next-token distributions probs [S, vocab] over the knob's values x [S] to a :class:`Track`.
 
     A token is tracked when its probability exceeds ``threshold`` at some value; tracked
     tokens are ordered by their largest probability (then by id). ``reference``: the
     value whose distribution the others are compared with (None: none on the sweep).
+    candidates: only ids below it may be tracked (None: every id).
     """
     p = probs.detach().to(device="cpu", dtype=torch.float64)
     if p.ndim != 2 or p.shape[0] != len(x):
@@ -169,7 +171,7 @@ def track(
     if not bool(torch.isfinite(p).all()):
         raise ExperimentError(f"item {item_id}: the model produced non-finite probabilities")
     peak = p.max(dim=0).values
-    tracked = torch.nonzero(peak > threshold).flatten().tolist()
+    tracked = torch.nonzero(peak[:candidates] > threshold).flatten().tolist()
     tracked.sort(key=lambda i: (-float(peak[i]), i))
     top = p.argmax(dim=1)
     ref_index = None
@@ -209,13 +211,15 @@ class TrackResult(Records[Track], record=Track):
 # ---------------------------------------------------------------------------- the shared experiment
 @dataclass
 class TrackPlan:
-    """What one item becomes before it runs: the knob's values [S], one signal per value, the reference value."""
+    """What one item becomes before it runs: the knob's values [S], one signal per value, the reference value, and
+    the ids that may be tracked (``candidates``: those below it; None: all)."""
 
     knob: str
     x: np.ndarray
     signals: list[Signal]
     reference: float | None
     meta: dict[str, Any] = field(default_factory=dict)
+    candidates: int | None = None
 
 
 def check_threshold(threshold: float) -> None:
@@ -265,6 +269,7 @@ class TrackingExperiment(Experiment[Track, TrackResult]):
                     threshold=config.threshold,
                     reference=plan.reference,
                     meta=plan.meta,
+                    candidates=plan.candidates,
                 ),
             )
 

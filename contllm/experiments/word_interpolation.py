@@ -31,7 +31,7 @@ import numpy as np
 from contllm.data.user import DataFileOption, Row, data_option_help, read_rows, unique_ids
 from contllm.errors import ExperimentError
 from contllm.experiments import answers
-from contllm.experiments.answers import ANSWERS, GROUPS, VARIATION_LEVEL, variation, yes_share
+from contllm.experiments.answers import ANSWERS, GROUPS, VARIATION_LEVEL, lipschitz_breakdown, variation, yes_share
 from contllm.experiments.base import Metric
 from contllm.experiments.interpolations import (
     AlphaSweepConfig,
@@ -42,7 +42,8 @@ from contllm.experiments.interpolations import (
 )
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.sweeps import PROTOCOL, ExperimentResult, Sweep, SweepPlan, summary_start
+from contllm.experiments.protocol import PROTOCOL, with_paper_coverage
+from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepPlan, summary_start
 from contllm.readout import PAPER_YES_NO, TokenSets, containing
 from contllm.signal import Signal
 
@@ -418,9 +419,7 @@ def summarize_sweeps(sweeps: Sequence[Sweep]) -> dict[str, Any]:
     variations = [variation(s) for s in sweeps]
     out["mean_variation"] = float(np.mean(variations))
     out["variation_share"] = float(np.mean([v >= VARIATION_LEVEL for v in variations]))
-    slopes = [metrics.lipschitz(s.x, s.probs) for s in sweeps if len(s.x) > 1]
-    if slopes:
-        out["mean_lipschitz"] = float(np.mean(slopes))
+    out.update(lipschitz_breakdown(sweeps))
     return out
 
 
@@ -451,7 +450,12 @@ class InterpolationExperiment(AlphaSweepExperiment):
         mean_max_jump_yes_share  lower   largest change of the yes-share between neighbouring alphas, mean
         variation_share          lower   share of items whose P(yes) or P(no) leaves its ends' range by 0.05 or more
         mean_variation           lower   largest excursion of P(yes) or P(no) beyond its ends' range, mean over items
-        mean_lipschitz           lower   largest |dP/dalpha| over the curve's own range (normalised Lipschitz), mean
+        mean_lipschitz           lower   the paper's Lipschitz estimate: largest |dP/dalpha| (finite differences) over the curve's range, per item and answer, mean
+        mean_lipschitz_neither   lower   mean_lipschitz over the questions true for neither word
+        mean_lipschitz_one       lower   mean_lipschitz over the questions true for one word (first and second)
+        mean_lipschitz_both      lower   mean_lipschitz over the questions true for both words
+        mean_lipschitz_yes       lower   mean_lipschitz of the P(yes) curves
+        mean_lipschitz_no        lower   mean_lipschitz of the P(no) curves
         """
     )
 
@@ -471,9 +475,13 @@ class InterpolationExperiment(AlphaSweepExperiment):
         return f"{m.get('first')} -> {m.get('second')}: {m.get('question')}{answers}, {m.get('method')}"
 
     def summary(self, result: ExperimentResult) -> dict[str, Any]:
-        """See :func:`summarize_sweeps`."""
-        sweeps, out = summary_start(result)
-        return {**out, **summarize_sweeps(sweeps)}
+        """See :func:`summarize_sweeps`; with the paper's coverage where recorded."""
+
+        def summarize(result: ExperimentResult) -> dict[str, Any]:
+            sweeps, out = summary_start(result)
+            return {**out, **summarize_sweeps(sweeps)}
+
+        return with_paper_coverage(result, summarize)
 
     def summary_figure(self, result: ExperimentResult) -> Any:
         return answers.summary_figure(result)

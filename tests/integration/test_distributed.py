@@ -76,6 +76,8 @@ def assert_same_results(run: Path, reference: Path) -> None:
     for key, value in expected.items():
         if isinstance(value, float):
             assert summary[key] == pytest.approx(value, abs=1e-5), key
+        elif isinstance(value, dict) and key != "metrics":  # the summary over the items the paper's code covers
+            assert summary[key] == pytest.approx(value, abs=1e-5, nan_ok=True), key
         else:
             assert summary[key] == value, key
 

@@ -79,7 +79,7 @@ def test_counting_run_end_to_end(qwen: ContinuousLM, tmp_path: Path) -> None:
     assert manifest["family"] == "qwen2" and manifest["weights_sha256"] == REGISTRY[ALIAS].gguf.sha256
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"] == ALIAS and summary["items"] == 2
-    assert 0.0 <= summary["argmax_coverage"] <= 1.0
+    assert 0.0 <= summary["pure_peak_rate"] <= 1.0
     assert (out / "figures" / "summary.png").is_file()
 
 

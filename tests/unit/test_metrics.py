@@ -149,8 +149,8 @@ def test_step_sensitivity_area() -> None:
 
 
 def test_argmax_coverage() -> None:
-    # A: argmaxes {1, 2, 3} cover {1, 2}; B: {3, 4} covers 1/3; C: {0, 1} (the tie at
-    # c = 1.5 goes to label 1, listed first) covers {1}. Mean 7/9.
+    # A: argmaxes {1, 2, 3} cover {1, 2}; B: {3, 4} covers 1/3; C: {0, 1, 2} (labels 1 and 2
+    # tie at c = 1.5, and a tie counts for both) covers {1}. Mean 7/9.
     assert argmax_coverage(ITEMS) == pytest.approx(7 / 9)
     assert argmax_coverage([ITEM_B]) == pytest.approx(1 / 3)
 
@@ -214,12 +214,13 @@ def test_curve_with_one_jump() -> None:
     y = [0.0, 0.0, 2.0, 2.0]
     assert total_variation(y) == pytest.approx(2.0)
     assert max_jump(y) == pytest.approx(2.0)
-    # Steepest step 2 / 0.5 = 4, divided by the range 2.
-    assert lipschitz(x, y) == pytest.approx(2.0)
+    # Finite differences: forward (0 - 0) / 1 = 0, central (2 - 0) / 1.5 = 4/3 and (2 - 0) / 2 = 1,
+    # backward 0; the steepest, 4/3, divided by the range 2.
+    assert lipschitz(x, y) == pytest.approx(2 / 3)
     assert range_excursion(y) == 0.0
     s = smoothness(x, y)
     assert (s.total_variation, s.max_jump, s.lipschitz, s.range_excursion) == pytest.approx(
-        (2.0, 2.0, 2.0, 0.0)
+        (2.0, 2.0, 2 / 3, 0.0)
     )
 
 
@@ -231,13 +232,13 @@ def test_lipschitz_ignores_the_curve_height() -> None:
 
 def test_columns_reduce_by_their_maximum() -> None:
     x = [0.0, 1.0, 1.5, 3.0]
-    # Column 0 is the jump above (TV 2, jump 2, Lipschitz 2); column 1 climbs 0, 3, 6, 9
-    # (TV 9, jump 3, steepest 3 / 0.5 = 6 over range 9 -> 2/3).
+    # Column 0 is the jump above (TV 2, jump 2, Lipschitz 2/3); column 1 climbs 0, 3, 6, 9
+    # (TV 9, jump 3; differences 3, 6 / 1.5 = 4, 6 / 2 = 3, 3 / 1.5 = 2: steepest 4 over range 9 -> 4/9).
     y = np.array([[0.0, 0.0], [0.0, 3.0], [2.0, 6.0], [2.0, 9.0]])
     s = smoothness(x, y)
     assert s.total_variation == pytest.approx(9.0)
     assert s.max_jump == pytest.approx(3.0)
-    assert s.lipschitz == pytest.approx(2.0)
+    assert s.lipschitz == pytest.approx(2 / 3)
     assert s.range_excursion == 0.0
 
 

@@ -61,7 +61,7 @@ def full_run(lm64: ContinuousLM, tmp_path_factory: pytest.TempPathFactory) -> Pa
 def test_registered_with_its_options_and_32_two_digit_problems() -> None:
     assert registry.get("sums") is EXPERIMENT and EXPERIMENT.engine and EXPERIMENT.shardable
     assert [o.cli_flag for o in EXPERIMENT.options] == ["--range", "--samples", "--template", "--chat/--no-chat", "--data",
-                                                        "--protocol"]
+                                                        "--protocol", "--selection"]
     config = EXPERIMENT.config()
     assert config == SumsConfig() and config.data is None and config.data_sha256 is None
     assert np.allclose(config.factors(), [0.1, 0.3, 0.5, 0.7, 0.9, 1.0, 1.1, 1.3, 1.5])
@@ -150,6 +150,21 @@ def synthetic(answers: list[str], scaled: int = 20, other: int = 30) -> SumRecor
     return SumRecord("r", x, [str(k) for k in range(10)], steps, answers, scaled + other, scaled, other, {})
 
 
+def test_under_the_papers_protocol_a_record_says_whether_the_papers_search_finds_the_number(lm64: ContinuousLM) -> None:
+    config = SumsConfig(protocol="paper", low=0.5, samples=2)
+    assert config.selection == "paper" and list(config.factors()) == [0.5, 1.0]
+    item = SumItem("s", "{name} has {first} pens and {second} more.", 23, 45, name="Ana", answer="{name} has")
+    record = run_item(lm64, item, config, Engine(lm64).probs)
+    # the paper's search: the first token holding "2" to the last holding "3", before the first "and"
+    assert record.meta["paper_runs"] is True and record.meta["edited_tokens"] == ["2", "3"]
+    second = SumItem("t", "{name} has {first} pens and {second} more.", 23, 45, name="Ana", scaled="second")
+    record = run_item(lm64, second, config, Engine(lm64).probs)
+    assert record.meta["paper_runs"] is True and record.meta["edited_tokens"] == ["4", "5"]  # from "and" to "."
+    one_digit = SumItem("u", "{name} has {first} pens and {second} more.", 7, 45, name="Ana")
+    record = run_item(lm64, one_digit, config, Engine(lm64).probs)
+    assert record.meta["paper_runs"] is False and record.meta["edited_tokens"] == ["7"]  # no second digit to find
+
+
 def test_the_implied_sum_weights_each_digits_expectation_by_its_place() -> None:
     record = synthetic(["40", "50", "6"])
     # 0.9 * digit + 0.1 * 0 at each step, tens and units
@@ -195,7 +210,9 @@ def test_a_run_writes_records_tables_summary_and_figures(full_run: Path) -> None
     assert set(summary) == {"experiment", "model", "items", "accuracy_at_1", "first_digit_accuracy_at_1", "mean_slope",
                             "mean_slope_ratio", "median_slope_ratio", "mean_r2", "mean_spearman", "mean_mae_line",
                             "valid_rate", "successful_rate", "strongly_successful_rate", "completely_successful_rate",
-                            "metrics"}
+                            "paper_coverage", "metrics"}
+    # the paper's search stops at the first "and", inside the first worked example, before the problem's numbers
+    assert summary["paper_coverage"] == 0.0
     assert set(summary["metrics"]) == {"accuracy_at_1", "mean_spearman", "mean_mae_line", "valid_rate", "successful_rate",
                                        "strongly_successful_rate", "completely_successful_rate"}
     assert summary["metrics"]["mean_mae_line"]["direction"] == "lower is better"

@@ -38,7 +38,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_both_are_registered_and_read_the_prompts_of_the_tokens_dataset() -> None:
     assert registry.get("scaling") is SCALING and registry.get("translation") is TRANSLATION
     for experiment in (SCALING, TRANSLATION):
-        assert [o.cli_flag for o in experiment.options] == ["--range", "--samples", "--threshold", "--data"]
+        assert [o.cli_flag for o in experiment.options] == ["--range", "--samples", "--threshold", "--data",
+                                                            "--protocol"]
         assert [i.prompt for i in experiment.items(experiment.config())] == [
             i.prompt for i in registry.get("tokens").items(registry.get("tokens").config())]
     assert list(SCALING.config().values()[[0, -1]]) == [0.01, 1.5] and 1.0 in SCALING.config().values()
