@@ -222,7 +222,7 @@ def on_config(config: Any) -> Any:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """Every quoted number of the page as its source holds it now; an unknown key stops the build."""
     try:
-        return str(quotes.render(markdown))
+        return str(quotes.render(markdown, keep_marks=False))
     except quotes.UnknownQuote as err:
         raise PluginError(f"{page.file.src_path}: {err}") from err
 

@@ -15,7 +15,8 @@ which reads as plain text wherever Markdown is shown. The key names the source:
 The documentation site is built with every quote replaced by the current value
 (docs/hooks.py), a unit test fails while any page's quoted text differs from it
 (tests/unit/test_docs.py), and ``python docs/quotes.py --write`` rewrites the quoted text of
-every page after a new measurement.
+every page after a new measurement. A quote never starts a line (Markdown would take the
+comment for a block of HTML) nor sits in a code span.
 """
 
 from __future__ import annotations
@@ -120,17 +121,31 @@ def quotes(text: str) -> Iterator[tuple[str, str]]:
         yield match.group(1), match.group(2)
 
 
-def render(text: str, lookup: Callable[[], dict[str, str]] = values) -> str:
-    """``text`` with every quote's text replaced by the current value; UnknownQuote for a key no source holds."""
+def render(text: str, lookup: Callable[[], dict[str, str]] = values, *, keep_marks: bool = True) -> str:
+    """``text`` with every quote's text replaced by the current value; UnknownQuote for a key no source holds.
+
+    keep_marks: keep the quote's comments around the value (the pages' source); False leaves
+    the value alone (the built site).
+    """
     known = lookup()
 
     def current(match: re.Match[str]) -> str:
         key = match.group(1)
         if key not in known:
             raise UnknownQuote(f"unknown quoted value {key!r}")
-        return f"<!--q:{key}-->{known[key]}<!--/q-->"
+        return f"<!--q:{key}-->{known[key]}<!--/q-->" if keep_marks else known[key]
 
     return QUOTE.sub(current, text)
+
+
+def misplaced(text: str) -> list[str]:
+    """Lines where a quote would not read as text: at the start of a line (Markdown takes the
+    comment for an HTML block there) or inside a code span (shown verbatim)."""
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith("<!--q:") or re.search(r"`[^`]*<!--q:", line.split("<!--/q-->")[0])
+    ]
 
 
 def pages() -> list[Path]:

@@ -211,6 +211,10 @@ def test_every_quoted_number_is_what_its_source_holds_now() -> None:
             if text != known[key]:
                 stale.append(f"{page.relative_to(ROOT)}: {key} says {text!r}, its source {known[key]!r}")
     assert not stale, "run `python docs/quotes.py --write`:\n" + "\n".join(stale)
+    misplaced = [
+        f"{page.relative_to(ROOT)}: {line}" for page in quotes.pages() for line in quotes.misplaced(page.read_text())
+    ]
+    assert not misplaced, "a quote may not start a line nor sit in a code span:\n" + "\n".join(misplaced)
 
 
 def test_the_readme_quotes_the_main_job() -> None:
@@ -240,4 +244,12 @@ def test_quotes_render_the_current_value_and_refuse_an_unknown_key() -> None:
     )
     with pytest.raises(quotes.UnknownQuote, match="x.cpu"):
         quotes.render(text, lambda: {"x.time": "1 min"})
+    assert (
+        quotes.render(text, lambda: {"x.time": "2 min", "x.cpu": "a CPU"}, keep_marks=False)
+        == "the run took 2 min on a CPU."
+    )
+    assert quotes.misplaced("<!--q:a-->1<!--/q--> s\nthe `<!--q:b-->x<!--/q-->` option\nfine <!--q:c-->2<!--/q-->") == [
+        "<!--q:a-->1<!--/q--> s",
+        "the `<!--q:b-->x<!--/q-->` option",
+    ]
     assert quotes.duration(48.4) == "48 s" and quotes.duration(185.0) == "3 min 05 s"
