@@ -230,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if "conversion" in sections:
         conversion(args.model, args.repeats)
+    if set(sections) <= {"conversion"}:
+        return 0
     lm = contllm.load(args.model, device="cpu")
     plans = counting_plans(lm, args.items)
     config = lm.model.config.get_text_config()
