@@ -144,7 +144,7 @@ def misplaced(text: str) -> list[str]:
     return [
         line
         for line in text.splitlines()
-        if line.startswith("<!--q:") or re.search(r"`[^`]*<!--q:", line.split("<!--/q-->")[0])
+        if line.startswith("<!--q:") or any(line[: m.start()].count("`") % 2 for m in re.finditer("<!--q:", line))
     ]
 
 

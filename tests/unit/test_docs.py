@@ -248,7 +248,9 @@ def test_quotes_render_the_current_value_and_refuse_an_unknown_key() -> None:
         quotes.render(text, lambda: {"x.time": "2 min", "x.cpu": "a CPU"}, keep_marks=False)
         == "the run took 2 min on a CPU."
     )
-    assert quotes.misplaced("<!--q:a-->1<!--/q--> s\nthe `<!--q:b-->x<!--/q-->` option\nfine <!--q:c-->2<!--/q-->") == [
+    assert quotes.misplaced(
+        "<!--q:a-->1<!--/q--> s\nthe `<!--q:b-->x<!--/q-->` option\n`code` <!--q:c-->2<!--/q-->"
+    ) == [
         "<!--q:a-->1<!--/q--> s",
         "the `<!--q:b-->x<!--/q-->` option",
     ]
