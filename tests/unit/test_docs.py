@@ -255,3 +255,44 @@ def test_quotes_render_the_current_value_and_refuse_an_unknown_key() -> None:
         "the `<!--q:b-->x<!--/q-->` option",
     ]
     assert quotes.duration(48.4) == "48 s" and quotes.duration(185.0) == "3 min 05 s"
+
+
+#: A usage line of a bare ``contllm run NAME`` (every option at its default) with what it says it runs.
+BARE_RUN = re.compile(r"^\s*(?:\$ )?contllm run ([a-z][\w-]*)\s+#?\s*(.+)$")
+#: "130 items", "70 passages", "32 problems", "13 words", "8 counting items", "16 prompts" ... and "in 10 steps".
+BARE_ITEMS = re.compile(r"\b(\d+) (?:\w+ )?(?:items|passages|problems|words|prompts)\b")
+BARE_STEPS = re.compile(r"\bin (\d+) steps\b")
+
+
+def bare_run_claims(text: str) -> list[tuple[str, str, str]]:
+    """(experiment, what, stated) for each number a page's bare ``contllm run NAME`` usage line states."""
+    claims = []
+    for block in re.findall(r"```.*?```", text, flags=re.S):
+        for line in block.splitlines():
+            match = BARE_RUN.match(line)
+            if match is None or match.group(2).startswith("-"):
+                continue
+            name, comment = match.groups()
+            first = BARE_ITEMS.search(comment)  # the run's own count comes first ("16 prompts: 12 words ...")
+            claims += [(name, "items", first.group(1))] if first else []
+            claims += [(name, "values", m.group(1)) for m in BARE_STEPS.finditer(comment)]
+    return claims
+
+
+def test_usage_lines_of_a_bare_run_state_the_registrys_defaults() -> None:
+    """`contllm run counting   # 130 items, c = 0.1 ... 1 in 10 steps`: the numbers are the registry's."""
+    known = quotes.values()
+    claims = [(page, *c) for page in quotes.pages() for c in bare_run_claims(page.read_text())]
+    assert len(claims) >= 6
+    wrong = [
+        f"{page.relative_to(ROOT)}: `contllm run {name}` says {stated} {what}, the registry {known.get(f'default.{name}.{what}')}"
+        for page, name, what, stated in claims
+        if known.get(f"default.{name}.{what}") != stated
+    ]
+    assert not wrong, "\n".join(wrong)
+    assert bare_run_claims(
+        "```\ncontllm run counting   # 12 items, in 3 steps\ncontllm run counting --items 5  # 5 items\n```"
+    ) == [
+        ("counting", "items", "12"),
+        ("counting", "values", "3"),
+    ]
