@@ -41,7 +41,7 @@ from contllm.chunks import Chunk, cost, plan
 from contllm.errors import SignalError
 from contllm.families import decoder_layers, final_norm, sizes
 from contllm.precision import float32_readout, float32_state
-from contllm.prefix import SharedPrefix, slice_signal
+from contllm.prefix import SharedPrefix, model_state, slice_signal
 from contllm.signal import Signal, SignalBatch, pad_signals
 
 #: Which outputs to read: "last", "all", a token index, or a list of them (negative from each signal's end).
@@ -191,6 +191,16 @@ class Engine:
         about half the distance to the float32 model of running it as stock, at nearly
         the same speed). False runs the model wholly in its own dtype. A float32 model is
         unaffected.
+    keep_prefix: keep the last shared prefix after a call and reuse it in the next one when
+        the next one's chunks start with the same tokens at the same time origin (a run
+        evaluates its items in groups, each call sharing the same few-shot opening): the
+        numbers are bitwise those of a fresh engine. It is dropped when the
+        model's state has changed in between: a parameter or buffer replaced or edited in
+        place (its version counter), a hook or forward override added or removed anywhere
+        in the model, another attention implementation, dtype or device, or other settings
+        of this engine (:func:`model_state`). An edit that bypasses the version counter
+        (``weight.data.copy_(...)``) is not seen: keep the default False where the model is
+        edited between calls that way. The runner's engine keeps its prefix.
     float32_projections: with ``float32_state``, the query and key projections also run
         in float32, on float32 copies of their weights (the family table's
         ``float32_projections``; measured in docs/speed.md: 0.26x the stock-bf16 distance on
@@ -221,6 +231,7 @@ class Engine:
         float32_state: bool = True,
         float32_projections: bool | None = None,
         move_origin: bool = True,
+        keep_prefix: bool = False,
     ) -> None:
         if not callable(getattr(lm, "forward_batch", None)) or not callable(getattr(lm, "patched", None)):
             raise TypeError(f"Engine needs a ContinuousLM, got {type(lm).__name__}")
@@ -232,13 +243,15 @@ class Engine:
         self.float32_state = float32_state
         self.float32_projections = float32_projections
         self.move_origin = move_origin
+        self.keep_prefix = keep_prefix
         self.last_stats: EngineStats | None = None
+        self._kept: tuple[tuple[Any, ...], SharedPrefix] | None = None
 
     def __repr__(self) -> str:
         return (
             f"Engine({self.lm!r}, max_batch_tokens={self.max_batch_tokens}, prefix_cache={self.prefix_cache}, "
             f"float32_state={self.float32_state}, float32_projections={self.float32_projections}, "
-            f"move_origin={self.move_origin})"
+            f"move_origin={self.move_origin}, keep_prefix={self.keep_prefix})"
         )
 
     # ------------------------------------------------------------------ public
@@ -264,20 +277,26 @@ class Engine:
         check_inputs(self.lm, items, reads)
         stats = EngineStats()
         out: list[Any] = [None] * len(items)
-        reusable: SharedPrefix | None = None
+        state = model_state(self.lm, self._settings()) if self.keep_prefix else None
+        reusable = self._kept[1] if self._kept is not None and self._kept[0] == state else None
+        carried = reusable is not None  # kept from an earlier call: it must also have this call's origin
+        self._kept = None
         done = 0
         with evaluation(self.lm, float32=self.float32_state, projections=self.float32_projections):
             for chunk in self._plan(items, reads):
                 rows = [items[i] for i in chunk.rows]
                 logits, reusable, chunk_stats = self._chunk(
-                    rows, [reads[i] for i in chunk.rows], positions, chunk.prefix, reusable
+                    rows, [reads[i] for i in chunk.rows], positions, chunk.prefix, reusable, carried
                 )
+                carried = carried and not chunk.prefix
                 for i, row in zip(chunk.rows, logits):
                     out[i] = row
                 stats.chunks.append(chunk_stats)
                 done += len(rows)
                 if progress is not None:
                     progress(done)
+        if state is not None and reusable is not None:
+            self._kept = (state, reusable)
         self.last_stats = stats
         return out if positions == "all" else torch.stack(out)
 
@@ -315,6 +334,9 @@ class Engine:
         check_inputs(self.lm, items, reads)
         return cost(self._plan(items, reads), [len(s) for s in items])
 
+    def _settings(self) -> tuple[Any, ...]:
+        return (self.prefix_cache, self.float32_state, self.float32_projections, self.move_origin)
+
     # ------------------------------------------------------------------ chunks
     def _plan(self, items: list[Signal], reads: list[list[int]]) -> list[Chunk]:
         use_prefix = self.prefix_cache and _prefix_safe(self.lm)
@@ -328,6 +350,7 @@ class Engine:
         positions: Positions,
         p: int,
         reusable: SharedPrefix | None,
+        carried: bool = False,
     ) -> tuple[list[torch.Tensor], SharedPrefix | None, ChunkStats]:
         lm = self.lm
         n = len(chunk)
@@ -336,7 +359,11 @@ class Engine:
         moved = self.move_origin and positions != "all" and bool(getattr(lm, "relative_positions", False))
         origin = time_origin(chunk, reads) if moved else 0.0
         if p > 0:
-            computed = reusable is None or not reusable.serves(chunk[0], p, lm)
+            # A prefix kept from an earlier call serves only at the origin this chunk would take
+            # itself, so that a call computes the same numbers whatever ran before it.
+            computed = (
+                reusable is None or not reusable.serves(chunk[0], p, lm) or (carried and reusable.origin != origin)
+            )
             reusable = SharedPrefix.compute(lm, chunk[0], p, origin) if computed else reusable
             assert reusable is not None
             prefix = reusable.keys

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 import click
 
 from contllm.cli_errors import OneLineCommand
+from contllm.cli_index import models
 from contllm.decoding import MAX_NEW_TOKENS, check_options
 from contllm.errors import ContllmError, SignalError
 from contllm.experiments.options import read_value
@@ -250,7 +251,7 @@ COMMAND = _Command(
             ["--model", "-m"],
             default=None,
             metavar="NAME",
-            help="Embedded alias, Hugging Face id or local directory. [default: smollm2-135m]",
+            help=f"Embedded alias, Hugging Face id or local directory. [default: {models()[0]}]",
         ),
         click.Option(["--device"], default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, ..."),
         click.Option(["--dtype"], default=None, metavar="[float32|bfloat16|float16]", help="[default: float32]"),

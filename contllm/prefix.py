@@ -176,6 +176,50 @@ AttentionInterface.register(IMPLEMENTATION, shared_prefix_attention)
 AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
 
 
+def model_state(lm: Any, settings: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+    """What a kept shared prefix depends on: compared with ``==``, it differs after any change the engine can see.
+
+    Every parameter and buffer of the model (the tensor object itself, so that a
+    replaced one never matches by a recycled id, and its in-place version counter), every
+    module that carries forward hooks or an instance-level ``forward`` (with the hooks'
+    handles and the override), torch's global forward hooks, the model's attention
+    implementation, dtype and device, and ``settings`` (the engine's own).
+    """
+    model = lm.model
+    tensors = tuple((t, t._version) for t in (*model.parameters(), *model.buffers()))
+    hooked = tuple(
+        (m, tuple(m._forward_hooks), tuple(m._forward_pre_hooks), m.__dict__.get("forward"))
+        for m in model.modules()
+        if m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__
+    )
+    hooks_everywhere = (
+        tuple(torch.nn.modules.module._global_forward_hooks),
+        tuple(torch.nn.modules.module._global_forward_pre_hooks),
+    )
+    where = (getattr(model.config, "_attn_implementation", None), lm.dtype, str(lm.device))
+    return (_Identity(tensors), _Identity(hooked), hooks_everywhere, where, settings)
+
+
+class _Identity:
+    """A tuple compared element by element with ``is`` for objects and ``==`` for the rest (tensors have no plain ``==``)."""
+
+    def __init__(self, items: tuple[Any, ...]) -> None:
+        self.items = items
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and _same(self.items, other.items)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (torch.Tensor, torch.nn.Module)) or callable(a):
+        return a is b
+    return bool(a == b)
+
+
 def shared_prefix_len(signals: Sequence[Signal], lm: Any, *, before: int | None = None) -> int:
     """Tokens at the start that every signal shares (token, duration and time), leaving each at least one more.
 

@@ -60,7 +60,7 @@ def context_for(
     if evaluate is None:
         from contllm.engine import Engine
 
-        evaluate = Engine(lm, max_batch_tokens=max_batch_tokens).probs
+        evaluate = Engine(lm, max_batch_tokens=max_batch_tokens, keep_prefix=True).probs
     model = model_name or getattr(getattr(lm, "info", None), "name", None) or "model"
     return RunContext(
         evaluate=evaluate,

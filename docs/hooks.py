@@ -1,7 +1,7 @@
 """Build-time parts of the documentation site (an MkDocs hook file; see mkdocs.yml).
 
 Three kinds of page are made here rather than written by hand, so that they cannot go
-stale:
+stale (and every page's quoted numbers are filled in from their one source, docs/quotes.py):
 
 - ``reference/commands.md``: every registered experiment with every option, read from
   the registry (the ``Option`` declarations) and from the command line's own ``--help``.
@@ -19,8 +19,10 @@ top-level page under "More" and the generated pages under "Reference" and "Noteb
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from mkdocs.exceptions import PluginError
@@ -36,6 +38,18 @@ COMMANDS_PAGE = "reference/commands.md"
 
 class UndocumentedOption(PluginError):
     """An experiment or option whose help text is missing."""
+
+
+def _quotes() -> ModuleType:
+    """docs/quotes.py (docs/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("contllm_docs_quotes", Path(__file__).with_name("quotes.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+quotes = _quotes()
 
 
 # ---------------------------------------------------------------- the command reference
@@ -203,6 +217,14 @@ def on_config(config: Any) -> Any:
     nav.append({"API reference": [{m: f"reference/api/{m}.md"} for m in public_modules()]})
     config["nav"] = nav
     return config
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """Every quoted number of the page as its source holds it now; an unknown key stops the build."""
+    try:
+        return str(quotes.render(markdown, keep_marks=False))
+    except quotes.UnknownQuote as err:
+        raise PluginError(f"{page.file.src_path}: {err}") from err
 
 
 @event_priority(100)  # before mkdocs-jupyter looks at the files

@@ -5,7 +5,7 @@ Running from Python::
 
     from contllm.experiments import CountingConfig, figure, run_experiment, summarize
 
-    lm = contllm.load("smollm2-135m")
+    lm = contllm.load()  # the default model
     result = run_experiment(lm, "counting", CountingConfig(samples=10), items="5")
     print(summarize(result))
     figure(result).savefig("counting.png")

@@ -23,8 +23,10 @@ from contllm.errors import ModelLoadError
 from contllm.models.cache import sha256_file
 from contllm.models.chunked import ChunkedGguf, chunk_parts
 
-#: The model loaded when none is named (by :func:`contllm.load`, the CLI and the experiments).
-DEFAULT_MODEL = "smollm2-135m"
+#: The model loaded when none is named (by :func:`contllm.load`, the CLI, specs and the experiments):
+#: the smallest embedded model that shows the paper's counting effect (docs/models.md).
+#: The fast test tier runs SmolLM2-135M instead.
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 
 
 class GgufSource(Protocol):

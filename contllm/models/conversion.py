@@ -29,6 +29,7 @@ from contllm.models.cache import (
     write_cache_entry,
 )
 from contllm.models.catalog import EmbeddedModel, LoadedModel, ModelInfo, count_parameters, known_aliases, resolve
+from contllm.models.gguf_read import fast_reading
 
 logger = logging.getLogger(__name__)
 
@@ -47,16 +48,17 @@ def _load_gguf(gguf_path: Path) -> tuple[Any, Any, dict[str, float]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict[str, Any] = {"gguf_file": gguf_path.name, "local_files_only": True}
-    t0 = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-    t1 = time.perf_counter()
     gguf_config = getattr(transformers, "GgufConfig", None)
     model_kwargs = dict(kwargs, dtype=torch.float32)
     if gguf_config is not None:
         # Ask for dense weights: a model that keeps GGUF blocks cannot be saved as safetensors.
         model_kwargs["quantization_config"] = gguf_config(gguf_file=gguf_path.name, dequantize=True)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, **model_kwargs)
-    t2 = time.perf_counter()
+    with fast_reading():
+        t0 = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+        t1 = time.perf_counter()
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, **model_kwargs)
+        t2 = time.perf_counter()
     quantizer = getattr(model, "hf_quantizer", None)
     dense = all(type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_floating_point() for p in model.parameters())
     if quantizer is not None and dense:

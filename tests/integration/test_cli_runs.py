@@ -1,4 +1,4 @@
-"""End-to-end runs of the command line on the default model, and resume after SIGKILL."""
+"""End-to-end runs of the command line: one on the default model as typed, the others on SmolLM2 (the fast model)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from contllm.models import DEFAULT_MODEL
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CONTLLM = [sys.executable, "-m", "contllm.cli"]
+#: The runs that need a model but not the counting effect name the fast one.
+FAST = ("--model", "smollm2-135m")
 
 
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -27,6 +31,7 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 def test_counting_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
+    """As typed, without --model: the default model (Qwen2.5-Coder-0.5B; three items, four factors)."""
     out = tmp_path / "run"
     done = run_cli("run", "counting", "--items", "3", "--samples", "4", "--formats", "png,pdf", "--out", str(out))
     assert done.returncode == 0, done.stderr
@@ -36,7 +41,7 @@ def test_counting_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
     for name in ("summary.png", "summary.pdf", "items/count-001.png", "items/count-003.pdf"):
         assert (out / "figures" / name).stat().st_size > 1000, name
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["status"] == "finished" and manifest["model"] == "smollm2-135m"
+    assert manifest["status"] == "finished" and manifest["model"] == DEFAULT_MODEL == "qwen2.5-coder-0.5b"
     assert len(manifest["weights_sha256"]) == 64 and manifest["dtype"] == "float32"
     assert manifest["versions"]["torch"] and manifest["started"] <= manifest["finished"]
     rows = read_rows(out / "results.csv")
@@ -51,7 +56,7 @@ def test_counting_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
 
 def test_a_large_default_run_draws_its_summary_and_figures_draws_the_rest(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = run_cli("run", "counting", "--items", "30", "--samples", "2", "--out", str(out))
+    done = run_cli("run", "counting", *FAST, "--items", "30", "--samples", "2", "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert "item figures not drawn (30 items" in done.stderr and f"contllm figures {out}" in done.stderr
     assert sorted(p.name for p in (out / "figures").iterdir()) == ["summary.png"]
@@ -71,7 +76,7 @@ def test_a_large_default_run_draws_its_summary_and_figures_draws_the_rest(tmp_pa
 def test_bfloat16_run_records_its_float32_state(tmp_path: Path) -> None:
     out = tmp_path / "run"
     done = run_cli(
-        "run", "counting", "--dtype", "bfloat16", "--items", "1", "--samples", "3", "--no-item-figures", "--out", str(out)
+        "run", "counting", *FAST, "--dtype", "bfloat16", "--items", "1", "--samples", "3", "--no-item-figures", "--out", str(out)
     )
     assert done.returncode == 0, done.stderr
     manifest = json.loads((out / "manifest.json").read_text())

@@ -27,7 +27,7 @@ def run(tmp_path: Path, name: str, rows: list[dict]) -> tuple[Path, dict]:
     data = tmp_path / f"{name}.json"
     data.write_text(json.dumps(rows))
     out = tmp_path / "run"
-    done = CliRunner().invoke(app, ["run", name, "--data", str(data), "--samples", "3", "--no-item-figures",
+    done = CliRunner().invoke(app, ["run", name, "--model", "smollm2-135m", "--data", str(data), "--samples", "3", "--no-item-figures",
                                     "--out", str(out)])
     assert done.exit_code == 0, done.output
     options = json.loads((out / "config.json").read_text())["options"]

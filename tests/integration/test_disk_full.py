@@ -15,7 +15,7 @@ from contllm.cli import app
 
 pytestmark = pytest.mark.integration
 
-ARGS = ["run", "counting", "--items", "3", "--samples", "2", "--range", "0.5,1", "--no-item-figures"]
+ARGS = ["run", "counting", "--model", "smollm2-135m", "--items", "3", "--samples", "2", "--range", "0.5,1", "--no-item-figures"]
 
 
 def test_a_full_disk_is_one_line_and_keeps_what_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

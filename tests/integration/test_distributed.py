@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 # Ten items split 5 + 5 over two processes; four factors keep each item quick.
-RUN = ["run", "counting", "--items", "10", "--samples", "4", "--device", "cpu", "--no-item-figures"]
+RUN = ["run", "counting", "--model", "smollm2-135m", "--items", "10", "--samples", "4", "--device", "cpu", "--no-item-figures"]
 THREADS = cpu_threads(2)  # what each of two launched processes on this machine takes
 
 
@@ -171,28 +171,6 @@ def test_a_launch_with_a_killed_process_resumes_without_losing_or_duplicating(tm
     assert len(list((out / "items").glob("*.json"))) == 10
     assert_same_results(out, reference)
     assert json.loads((out / "manifest.json").read_text())["status"] == "finished"
-
-
-@pytest.fixture(scope="module")
-def tiny_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Llama with the SmolLM2 tokenizer, saved as a local model directory."""
-    import torch
-    import transformers as tf
-
-    from contllm.models import ensure_cached
-
-    tokenizer_dir = ensure_cached("smollm2-135m")
-    vocab = json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"]
-    torch.manual_seed(0)
-    config = tf.LlamaConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=False,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("models") / "tiny-llama"
-    tf.AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_dir / name, path / name)
-    return path
 
 
 def curves(lm) -> list:

@@ -16,7 +16,7 @@ from contllm.report import REPORT_FILES
 pytestmark = pytest.mark.integration
 
 #: 2 words x copies 1..4 x d in {0.5, 1, 1.5, 2}: 32 prompts per run.
-ARGS = ["run", "equivalence", "--items", "2", "--range", "0.5,2", "--samples", "4", "--max-copies", "4",
+ARGS = ["run", "equivalence", "--model", "smollm2-135m", "--items", "2", "--range", "0.5,2", "--samples", "4", "--max-copies", "4",
         "--no-item-figures"]
 
 

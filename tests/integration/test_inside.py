@@ -207,8 +207,8 @@ def test_patching_with_heads_runs_resumes_and_reports(smollm3: ContinuousLM, tmp
 
 
 @pytest.mark.slow
-def test_the_patching_command_with_heads_on_the_default_model(tmp_path) -> None:
-    """``contllm run patching --items 1`` as typed, heads included (the default), then --resume and report:
+def test_the_patching_command_with_heads_on_smollm2(tmp_path) -> None:
+    """``contllm run patching --model smollm2-135m --items 1``, heads included (the default), then --resume and report:
     every record holds a restored share for each of SmolLM2's 30 x 9 heads. Minutes on a 2-core CPU."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out = tmp_path / "patching"
@@ -218,14 +218,14 @@ def test_the_patching_command_with_heads_on_the_default_model(tmp_path) -> None:
             [sys.executable, "-m", "contllm.cli", *args], capture_output=True, text=True, timeout=1800, env=env
         )
 
-    done = cli("run", "patching", "--items", "1", "--no-item-figures", "--out", str(out))
+    done = cli("run", "patching", "--model", "smollm2-135m", "--items", "1", "--no-item-figures", "--out", str(out))
     assert done.returncode == 0, done.stderr
     first = (out / "results.json").read_text()
     (record,) = json.loads(first)["items"]
     heads = np.asarray(record["heads"])
     assert heads.shape == (30, 9) and np.isfinite(heads).all()
     assert record["self_max_dp"] == 0.0 and record["last_layer_max_dp"] == 0.0
-    again = cli("run", "patching", "--items", "1", "--no-item-figures", "--out", str(out), "--resume")
+    again = cli("run", "patching", "--model", "smollm2-135m", "--items", "1", "--no-item-figures", "--out", str(out), "--resume")
     assert again.returncode == 0, again.stderr
     assert (out / "results.json").read_text() == first
     report = cli("report", str(out), "--out", str(tmp_path / "report"))

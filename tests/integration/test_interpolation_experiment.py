@@ -32,7 +32,7 @@ def test_the_endpoints_are_the_plain_prompts_for_a_word_pair_of_unequal_token_co
 
 
 def run_cli(*args: str) -> None:
-    done = CliRunner().invoke(app, ["run", *args, "--no-item-figures"])
+    done = CliRunner().invoke(app, ["run", *args, "--model", "smollm2-135m", "--no-item-figures"])
     assert done.exit_code == 0, done.output
 
 

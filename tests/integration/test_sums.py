@@ -18,7 +18,7 @@ from contllm.report import REPORT_FILES
 pytestmark = pytest.mark.integration
 
 #: 2 problems x factors 0.5, 1, 1.5.
-ARGS = ["run", "sums", "--range", "0.5,1.5", "--samples", "3", "--no-item-figures"]
+ARGS = ["run", "sums", "--model", "smollm2-135m", "--range", "0.5,1.5", "--samples", "3", "--no-item-figures"]
 
 
 def test_at_factor_1_the_answer_is_what_greedy_generation_writes(smollm: ContinuousLM) -> None:

@@ -75,7 +75,14 @@ def test_runs_top_to_bottom(path: Path, kernel_specs: KernelSpecManager) -> None
         allow_errors=False,  # a failing cell raises CellExecutionError naming the cell
         resources={"metadata": {"path": str(NOTEBOOKS)}},
     )
-    client.execute()
+    try:
+        # The client does not own a kernel manager it is given, and would leave the kernel
+        # (about 1 GB) running until pytest exits: have it shut the kernel down, also on an error.
+        client.execute(cleanup_kc=True)
+    finally:
+        if km.has_kernel:  # the kernel never started its client: nbclient's cleanup did not run
+            km.shutdown_kernel(now=True)
+    assert not km.is_alive(), f"the kernel of {path.name} is still running"
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert images, f"{path.name} drew no figure"
     EXECUTED.mkdir(parents=True, exist_ok=True)

@@ -158,3 +158,141 @@ def test_the_readme_is_a_front_page_whose_links_and_numbers_hold() -> None:
     assert _measured_rows("| | a | b |\n| counting: accuracy | 43.1% | 0.994 |") == [
         "| counting: accuracy | 43.1% | 0.994 |"
     ]
+
+
+# ---------------------------------------------------------------- quoted numbers (docs/quotes.py)
+
+
+def _quotes() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("contllm_docs_quotes", DOCS / "quotes.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+quotes = _quotes()
+
+#: A sentence about a default run, the main job or the defaults ...
+ABOUT_DEFAULTS = re.compile(
+    r"\bdefaults?\b[^.]*?\b(?:run|job)\b|\bmain job\b|\bwith (?:the|its|every) defaults?\b|\bby default\b", re.I
+)
+#: ... that states a count of items or knob values, or a time ...
+STATED = re.compile(
+    r"(?<![\w.\-])\d[\d,]*(?:\.\d+)?\s*(?:items?|duration factors|factors|alphas|values of alpha|values|problems|paths"
+    r"|s|min|seconds|minutes)\b"
+)
+#: ... is about the default model unless it names another one.
+OTHER_MODEL = re.compile(r"smollm|gemma|1\.5b", re.I)
+
+
+def _sentences(text: str) -> list[str]:
+    """The sentences of a page outside its quotes and code blocks (a table row or a list item ends one)."""
+    text = re.sub(r"```.*?```", "", quotes.QUOTE.sub("", text), flags=re.S)
+    out = []
+    for block in re.split(r"\n\s*\n|\n(?=\s*(?:[-*|]|\d+\.) )", text):  # paragraphs, list items, table rows
+        out += re.split(r"(?<=[.;:])\s+(?=[A-Z(])", " ".join(block.split()))
+    return out
+
+
+def unquoted_default_numbers(text: str) -> list[str]:
+    """Sentences that state a number about a default run or the defaults without quoting it from its source."""
+    return [s for s in _sentences(text) if ABOUT_DEFAULTS.search(s) and STATED.search(s) and not OTHER_MODEL.search(s)]
+
+
+def test_every_quoted_number_is_what_its_source_holds_now() -> None:
+    """A page's quoted text equals the recorded main job's or the registry's value (docs/quotes.py)."""
+    known = quotes.values()
+    assert "main_job.end_to_end" in known and known["default.counting.items"] == "130"
+    stale = []
+    for page in quotes.pages():
+        for key, text in quotes.quotes(page.read_text()):
+            assert key in known, f"{page.relative_to(ROOT)} quotes {key!r}, which no source holds"
+            if text != known[key]:
+                stale.append(f"{page.relative_to(ROOT)}: {key} says {text!r}, its source {known[key]!r}")
+    assert not stale, "run `python docs/quotes.py --write`:\n" + "\n".join(stale)
+    misplaced = [
+        f"{page.relative_to(ROOT)}: {line}" for page in quotes.pages() for line in quotes.misplaced(page.read_text())
+    ]
+    assert not misplaced, "a quote may not start a line nor sit in a code span:\n" + "\n".join(misplaced)
+
+
+def test_the_readme_quotes_the_main_job() -> None:
+    readme = dict(quotes.quotes((ROOT / "README.md").read_text()))
+    assert {"main_job.end_to_end", "main_job.evaluation", "main_job.machine", "main_job.date"} <= set(readme)
+
+
+def test_a_page_states_numbers_of_a_default_run_only_through_quotes() -> None:
+    found = [
+        f"{page.relative_to(ROOT)}: {s[:160]}"
+        for page in quotes.pages()
+        for s in unquoted_default_numbers(page.read_text())
+    ]
+    assert not found, (
+        "quote these from their source (docs/quotes.py), or name the model they were measured on:\n" + "\n".join(found)
+    )
+    assert unquoted_default_numbers("The default counting run took 12 s.") == ["The default counting run took 12 s."]
+    assert unquoted_default_numbers("With the defaults (10 factors).") == ["With the defaults (10 factors)."]
+    assert not unquoted_default_numbers("With the defaults (<!--q:default.counting.values-->10<!--/q--> factors).")
+    assert not unquoted_default_numbers("On SmolLM2 the default counting run took 12 s.")
+
+
+def test_quotes_render_the_current_value_and_refuse_an_unknown_key() -> None:
+    text = "the run took <!--q:x.time-->1 min<!--/q--> on <!--q:x.cpu-->an old CPU<!--/q-->."
+    assert quotes.render(text, lambda: {"x.time": "2 min 05 s", "x.cpu": "a 2-core CPU"}) == (
+        "the run took <!--q:x.time-->2 min 05 s<!--/q--> on <!--q:x.cpu-->a 2-core CPU<!--/q-->."
+    )
+    with pytest.raises(quotes.UnknownQuote, match="x.cpu"):
+        quotes.render(text, lambda: {"x.time": "1 min"})
+    assert (
+        quotes.render(text, lambda: {"x.time": "2 min", "x.cpu": "a CPU"}, keep_marks=False)
+        == "the run took 2 min on a CPU."
+    )
+    assert quotes.misplaced(
+        "<!--q:a-->1<!--/q--> s\nthe `<!--q:b-->x<!--/q-->` option\n`code` <!--q:c-->2<!--/q-->"
+    ) == [
+        "<!--q:a-->1<!--/q--> s",
+        "the `<!--q:b-->x<!--/q-->` option",
+    ]
+    assert quotes.duration(48.4) == "48 s" and quotes.duration(185.0) == "3 min 05 s"
+
+
+#: A usage line of a bare ``contllm run NAME`` (every option at its default) with what it says it runs.
+BARE_RUN = re.compile(r"^\s*(?:\$ )?contllm run ([a-z][\w-]*)\s+#?\s*(.+)$")
+#: "130 items", "70 passages", "32 problems", "13 words", "8 counting items", "16 prompts" ... and "in 10 steps".
+BARE_ITEMS = re.compile(r"\b(\d+) (?:\w+ )?(?:items|passages|problems|words|prompts)\b")
+BARE_STEPS = re.compile(r"\bin (\d+) steps\b")
+
+
+def bare_run_claims(text: str) -> list[tuple[str, str, str]]:
+    """(experiment, what, stated) for each number a page's bare ``contllm run NAME`` usage line states."""
+    claims = []
+    for block in re.findall(r"```.*?```", text, flags=re.S):
+        for line in block.splitlines():
+            match = BARE_RUN.match(line)
+            if match is None or match.group(2).startswith("-"):
+                continue
+            name, comment = match.groups()
+            first = BARE_ITEMS.search(comment)  # the run's own count comes first ("16 prompts: 12 words ...")
+            claims += [(name, "items", first.group(1))] if first else []
+            claims += [(name, "values", m.group(1)) for m in BARE_STEPS.finditer(comment)]
+    return claims
+
+
+def test_usage_lines_of_a_bare_run_state_the_registrys_defaults() -> None:
+    """`contllm run counting   # 130 items, c = 0.1 ... 1 in 10 steps`: the numbers are the registry's."""
+    known = quotes.values()
+    claims = [(page, *c) for page in quotes.pages() for c in bare_run_claims(page.read_text())]
+    assert len(claims) >= 6
+    wrong = [
+        f"{page.relative_to(ROOT)}: `contllm run {name}` says {stated} {what}, the registry {known.get(f'default.{name}.{what}')}"
+        for page, name, what, stated in claims
+        if known.get(f"default.{name}.{what}") != stated
+    ]
+    assert not wrong, "\n".join(wrong)
+    assert bare_run_claims(
+        "```\ncontllm run counting   # 12 items, in 3 steps\ncontllm run counting --items 5  # 5 items\n```"
+    ) == [
+        ("counting", "items", "12"),
+        ("counting", "values", "3"),
+    ]

@@ -263,3 +263,65 @@ def test_transformers_output_recorders_leave_the_prefix_on() -> None:
     got = engine.logits(sweep(4))
     assert engine.last_stats is not None and engine.last_stats.prefix_lens == (EDIT[0],)
     assert float((got - fresh).abs().max()) <= 1e-5
+
+
+def computed_prefixes(engine: Engine) -> list[bool]:
+    assert engine.last_stats is not None
+    return [c.prefix_computed for c in engine.last_stats.chunks if c.prefix_len]
+
+
+def test_a_kept_prefix_serves_the_next_call_with_the_numbers_of_a_fresh_engine() -> None:
+    """keep_prefix: the second call on the same opening reuses the prefix and its logits are bitwise a fresh engine's."""
+    lm = lm_for("llama")
+    first, second = sweep(12)[:6], sweep(12)[6:]
+    kept = Engine(lm, max_batch_tokens=20, keep_prefix=True)
+    kept.logits(first)
+    got = kept.logits(second)
+    assert computed_prefixes(kept)[0] is False
+    fresh = Engine(lm, max_batch_tokens=20)
+    assert torch.equal(got, fresh.logits(second)) and computed_prefixes(fresh)[0] is True
+    plain = Engine(lm, max_batch_tokens=20)  # the default keeps nothing between calls
+    plain.logits(first)
+    plain.logits(second)
+    assert computed_prefixes(plain)[0] is True
+
+
+@pytest.mark.parametrize("change", ["hook on a projection", "weight edited in place", "weight replaced", "settings"])
+def test_a_kept_prefix_is_dropped_when_the_model_changes(change: str) -> None:
+    lm = lm_for("llama")
+    signals = sweep(6)
+    engine = Engine(lm, keep_prefix=True)
+    engine.logits(signals)
+    engine.logits(signals)
+    assert computed_prefixes(engine) == [False]
+    attention = lm.model.model.layers[0].self_attn
+    handle = None
+    if change == "hook on a projection":
+        handle = attention.v_proj.register_forward_hook(lambda m, a, o: o * 2)
+    elif change == "weight edited in place":
+        with torch.no_grad():
+            attention.v_proj.weight.mul_(2)
+    elif change == "weight replaced":
+        attention.v_proj.weight = torch.nn.Parameter(attention.v_proj.weight.detach() * 2)
+    else:
+        engine.float32_projections = False
+    try:
+        got = engine.logits(signals)
+        assert computed_prefixes(engine) == [True]
+        assert torch.equal(got, Engine(lm).logits(signals))
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def test_a_kept_prefix_at_another_time_origin_is_recomputed() -> None:
+    """The same opening read at a later time takes another origin: the kept keys do not serve it."""
+    lm = lm_for("llama")
+    assert lm.relative_positions
+    engine = Engine(lm, keep_prefix=True)
+    early = sweep(4)
+    engine.logits(early)
+    late = [Signal.from_ids(torch.cat([s.token_ids, prompt(20, 3)]), torch.cat([s.durations, torch.ones(20)])) for s in early]
+    got = engine.logits(late)
+    assert computed_prefixes(engine) == [True]
+    assert torch.equal(got, Engine(lm).logits(late))

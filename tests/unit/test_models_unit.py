@@ -103,7 +103,7 @@ def test_resolve_alias() -> None:
     source = M.resolve("smollm2-135m")
     assert source.kind == "alias"
     assert source.entry is M.REGISTRY["smollm2-135m"]
-    assert M.DEFAULT_MODEL == "smollm2-135m"
+    assert M.DEFAULT_MODEL == "qwen2.5-coder-0.5b"
 
 
 def test_registry_entries_are_declarative() -> None:

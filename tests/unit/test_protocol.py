@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerFast
 from contllm import ContinuousLM, ExperimentError, registry
 from contllm.data import EventItem
 from contllm.experiments import counting, events, sums, word_interpolation
+from contllm.models import DEFAULT_MODEL
 from contllm.readout import PAPER_YES_NO, containing
 from tests.unit.tiny import tiny_model
 
@@ -269,7 +270,7 @@ def test_the_paper_spec_runs_every_experiment_of_the_paper_and_takes_model_items
         assert entry.settings.items == "1" and entry.options["samples"] == "5"
         assert entry.options.get("protocol") == "paper"
     plain = load_spec(Path(__file__).resolve().parents[2] / "specs" / "paper.toml")
-    assert plain.models == ["smollm2-135m"] and all("samples" not in e.options for e in plain.entries)
+    assert plain.models == [DEFAULT_MODEL] and all("samples" not in e.options for e in plain.entries)
 
 
 def test_the_papers_token_search() -> None:

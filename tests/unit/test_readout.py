@@ -41,3 +41,26 @@ def test_a_new_tokenizer_never_gets_a_freed_ones_vocabulary() -> None:
         assert readout.TokenSets.build(tokenizer, {"k": [str(k)]}).token_ids == ((3,),)
         del tokenizer
         gc.collect()
+
+
+def scanned(tokenizer: tf.PreTrainedTokenizerFast, spellings: dict[str, list[str]]) -> tuple[tuple[int, ...], ...]:
+    """Token sets by a scan of the whole vocabulary, the way they were built before the index."""
+    wanted = {form: label for label, words in spellings.items() for w in words for form in (w, " " + w)}
+    found: dict[str, list[int]] = {label: [] for label in spellings}
+    for i, text in enumerate(readout.decoded_vocabulary(tokenizer)):
+        if text in wanted:
+            found[wanted[text]].append(i)
+    return tuple(tuple(ids) for ids in found.values())
+
+
+def test_token_sets_from_the_index_equal_a_scan_in_vocabulary_order() -> None:
+    """Several tokens decode to one text (a vocabulary with duplicates), spellings with and without a space."""
+    words = ["<unk>", "True", "1", "true", "0", " 1", "False", "x", "true", "false", "0", " true"]
+    tokenizer = tf.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.BPE({f"t{i}": i for i in range(len(words))}, [])), unk_token="t0"
+    )
+    readout._DECODED_VOCAB[tokenizer] = tuple(words)  # the decoded texts, duplicates included
+    spellings = {**readout.BINARY_SPELLINGS, **readout.TRUTH_WORD_SPELLINGS}
+    sets = readout.TokenSets.build(tokenizer, spellings)
+    assert sets.token_ids == scanned(tokenizer, spellings) == ((4, 10), (2, 5), (6, 9), (1, 3, 8, 11))
+    assert readout.vocabulary_index(tokenizer) is readout.vocabulary_index(tokenizer)
