@@ -136,6 +136,7 @@ def plan_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> SweepP
 
 class EventsExperiment(CountingSweepExperiment):
     name = "events"
+    counted = "events"
     help = "A passage of n events, their durations scaled by a factor; digits read out."
     description = (
         "Each item is a short story or tutorial of n events (3-7) and a question about how many happened; "

@@ -41,9 +41,8 @@ from contllm.experiments.tracking import (
     check_threshold,
     load_items,
 )
+from contllm.experiments.tracking import UNCHANGED as TOLERANCE  # the invariance a rotary family must show
 
-#: The invariance a rotary family must show under translation: max |dp| from tau = 0.
-TOLERANCE = 1e-4
 PROMPT_ROWS = "id, prompt (other fields, such as those of tokens, are ignored)"
 
 #: The prompts of the paper's scaling and translation scripts.

@@ -348,6 +348,9 @@ def plan_item(lm: Any, item: WordItem, config: InterpolationConfig) -> SweepPlan
         "group": item.group,
         "answer_first": None if answers is None else answers[0],
         "answer_second": None if answers is None else answers[1],
+        # the true label at each end (the results table's truth column there)
+        "truth_first": None if answers is None else ("yes" if answers[0] else "no"),
+        "truth_second": None if answers is None else ("yes" if answers[1] else "no"),
         "method": config.method,
         "tokens_first": len(sa.token_indices(span_a)),
         "tokens_second": len(sb.token_indices(span_b)),
