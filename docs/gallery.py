@@ -147,46 +147,67 @@ def browser(width: int = 1300, height: int = 1000) -> Iterator[Any]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def screenshot(driver: Any, page: Path, target: Path, *, item: str | None = None, end: bool = False) -> Path:
-    """A screenshot of the whole explorer ``page`` (the item ``item`` chosen; the slider at its far end with ``end``)."""
+def screenshot(driver: Any, page: Path, target: Path, *, item: str | None = None, at: float | None = None) -> Path:
+    """A screenshot of the whole explorer ``page``: the item ``item`` chosen, the slider at the value nearest ``at``
+    (None: where the page starts)."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select
 
+    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     driver.get(page.resolve().as_uri())
     if item is not None:
         Select(driver.find_element(By.ID, "item")).select_by_value(item)
-    if end:
-        driver.find_element(By.ID, "knob").send_keys(Keys.END)
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1300, max(600, int(height) + 40))
+    if at is not None:
+        driver.execute_script(
+            "const knob = document.getElementById('knob');"
+            "const x = JSON.parse(document.getElementById('explorer-data').textContent).runs[0].items"
+            ".find((it) => it.id === document.getElementById('item').value).x;"
+            "let best = 0; x.forEach((v, i) => { if (Math.abs(v - arguments[0]) < Math.abs(x[best] - arguments[0])) best = i; });"
+            "knob.value = String(best); knob.dispatchEvent(new Event('input'));",
+            at,
+        )
+    # The whole page in one picture: the viewport made as tall as the page (a window is capped by the screen).
+    height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+    metrics = {"width": 1300, "height": max(600, height + 20), "deviceScaleFactor": 1, "mobile": False}
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
     target.parent.mkdir(parents=True, exist_ok=True)
     driver.save_screenshot(str(target))
     return target
 
 
-#: experiment -> (the item to show, whether the slider goes to its far end): an item that shows what the page is for.
-SHOWN: dict[str, tuple[str | None, bool]] = {
-    "counting": ("count-004", False),
-    "events": (None, False),
-    "boolean": ("AND-OR-01", True),
-    "interpolation": (None, True),
+#: experiment -> (the item to show, where the slider stands; None: the page's first item, its own start).
+SHOWN: dict[str, tuple[str | None, float | None]] = {
+    "counting": ("count-004", 0.4),
+    "events": (None, 0.4),
+    "boolean": ("AND-OR-01", 1.0),
+    "interpolation": (None, 1.0),
 }
+
+
+def explorer_page(run_dir: Path, target: Path) -> Path:
+    """The explorer page of a finished run, drawn by this checkout's code (not the one the run wrote) at ``target``."""
+    from contllm import load_run
+    from contllm.explorer import explorer_data, page
+
+    run = load_run(run_dir)
+    data = explorer_data([(run.model, run.result)])
+    if data is None:
+        raise ValueError(f"{run_dir}: a {run.experiment} run has no explorer page")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(page(data), encoding="utf-8")
+    return target
 
 
 def shots(run_dirs: Mapping[str, Path], to: str | Path, names: Sequence[str] = EXPLORED) -> list[Path]:
     """``<to>/explorer-<experiment>.png`` for each experiment of ``names`` among ``run_dirs``; the paths written."""
     written = []
-    with browser() as driver:
+    with tempfile.TemporaryDirectory(prefix="contllm-gallery-") as pages, browser() as driver:
         for name in names:
             if name not in run_dirs:
                 continue
-            item, end = SHOWN.get(name, (None, False))
-            written.append(
-                screenshot(
-                    driver, run_dirs[name] / "explorer.html", Path(to) / f"explorer-{name}.png", item=item, end=end
-                )
-            )
+            item, at = SHOWN.get(name, (None, None))
+            html = explorer_page(run_dirs[name], Path(pages) / f"{name}.html")
+            written.append(screenshot(driver, html, Path(to) / f"explorer-{name}.png", item=item, at=at))
     return written
 
 

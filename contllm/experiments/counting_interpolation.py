@@ -202,6 +202,12 @@ def summarize(result: ExperimentResult) -> dict[str, Any]:
 class CountingInterpolationExperiment(AlphaSweepExperiment):
     name = "counting-interpolation"
     help = "Inside a counting question, words moved in embedding space into another word; digits read out."
+    explorer_text = (
+        "Each item is a counting question over n words, the last of which move in embedding space into another word "
+        "as the slider's alpha goes from 0 to 1 (at the far end the prompt shown is the second one). The bars are "
+        "each digit's probability, the true count green at each end; below the curves, the predicted count E[k] "
+        "with the true counts ringed."
+    )
     description = (
         'The paper\'s counting question over n words ("apple apple apple apple", how many times is a fruit '
         "mentioned?) with the last --moved occurrences interpolated into another word (cash, or pear, which is "

@@ -452,6 +452,10 @@ def sums_summary(result: SumsResult) -> dict[str, Any]:
 class SumsExperiment(Experiment[SumRecord, SumsResult]):
     name = "sums"
     help = "Word problems adding two numbers, one number's duration scaled by a factor; the answer read digit by digit."
+    explorer_text = (
+        "Each item is a word problem adding two numbers a and b; the slider is the duration factor c of a's tokens. "
+        "The bars are the probabilities of the answer's first digit; below the curves, its expected value."
+    )
     description = (
         "Each item is a word problem adding two numbers (32 built-in problems with two-digit numbers, ids sum-001 ...); "
         "the tokens of one number, wherever the prompt fills it in, have their duration scaled by c. The first digit "

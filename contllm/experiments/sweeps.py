@@ -226,13 +226,15 @@ def sweep_options(knob: str, default_range: str, default_samples: int) -> tuple[
 def provenance(tokenizer: Any, signal: Signal, edited: Sequence[int], suffix: str = "") -> dict[str, Any]:
     """What a record keeps of what was measured: the rendered prompt, the edited token positions and their text.
 
-    prompt: the signal's text (chat template included); edited: 0-based token positions
-    (special tokens counted); edited_tokens: each edited token decoded on its own. With
-    ``suffix`` (e.g. "_second") the keys name the other end of an interpolation.
+    prompt: the signal's text (chat template included); prompt_tokens: its length in
+    tokens; edited: 0-based token positions (special tokens counted); edited_tokens: each
+    edited token decoded on its own. With ``suffix`` (e.g. "_second") the keys name the
+    other end of an interpolation.
     """
     ids = [] if signal.token_ids is None else signal.token_ids.tolist()
     return {
         f"prompt{suffix}": signal.text,
+        f"prompt_tokens{suffix}": len(signal),
         f"edited{suffix}": [int(i) for i in edited],
         f"edited_tokens{suffix}": [tokenizer.decode([ids[i]], clean_up_tokenization_spaces=False) for i in edited],
     }
