@@ -180,7 +180,7 @@ def summary_figure(result: ExperimentResult) -> Any:
         ax.plot(x, mean, "-", color="black", lw=2.4)
         _ring_answers(ax, group, "black")
         ax.set(xlabel="alpha", ylabel="P(yes) / (P(yes) + P(no))", ylim=(-0.05, 1.05))
-        ax.set_title(f"Questions {what}: {n} (mean black)", loc="left", fontsize=9)
+        ax.set_title(f"{what[0].upper()}{what[1:]} ({n}; mean black)", loc="left", fontsize=9)
         ax.grid(alpha=0.3)
     variation_histogram(rest[-2], result.records)
     lipschitz_panel(rest[-1], result.records)
@@ -212,8 +212,8 @@ def lipschitz_panel(ax: Any, sweeps: Sequence[Sweep]) -> None:
     for k, (answer, color) in enumerate((("yes", "tab:green"), ("no", "tab:red"))):
         values = [table[g].get(answer, np.nan) for g in groups]
         ax.bar(np.arange(len(groups)) - 0.2 + 0.4 * k, values, 0.4, color=color, label=f"P({answer})")
-    ax.set_xticks(range(len(groups)), [f"true for {g}" if g != "one" else "true for one word" for g in groups])
-    ax.set(ylabel="largest |dP/dalpha| / range, mean")
+    ax.set_xticks(range(len(groups)), ["one word" if g == "one" else g for g in groups])
+    ax.set(xlabel="questions true for", ylabel="largest |dP/dalpha| / range, mean")
     ax.grid(alpha=0.3, axis="y")
     legend_outside(ax)
 

@@ -254,19 +254,26 @@ class CountingInterpolationExperiment(AlphaSweepExperiment):
 
 
 def counting_interpolation_finding(sweeps: Sequence[Sweep]) -> tuple[str, str]:
-    """The sentence a counting-interpolation summary opens with, and the number behind it: the mean rank correlation
-    rho of the predicted count with alpha over the pairs whose count changes; rho <= -0.5 reads as "falls", from -0.2
-    as "falls a little", above as "hardly moves"."""
-    falling = [s for s in sweeps if s.meta.get("count_second") != s.meta.get("count_first") and len(s.x) > 1]
-    rhos = [metrics.spearman(s.x, s.implied_value()) for s in falling]
-    rho = float(np.nanmean(rhos)) if rhos and not np.all(np.isnan(rhos)) else float("nan")
-    detail = f"rank correlation of the predicted count with alpha: {rho:.2f} (mean over the {len(falling)} pairs whose count changes)"
-    if not np.isfinite(rho):
+    """The sentence a counting-interpolation summary opens with, and the number behind it: over the pairs whose true
+    count changes, how far the predicted count moves from alpha 0 to 1 as a share of that change (mean); 0.5 or more
+    reads as "moves toward the new count", 0.2 or more as "a little", less as "hardly moves"."""
+    shares = []
+    for s in sweeps:
+        start, end = s.meta.get("count_first"), s.meta.get("count_second")
+        if isinstance(start, int) and isinstance(end, int) and start != end and len(s.x) > 1:
+            implied = s.implied_value()
+            shares.append((implied[int(np.argmax(s.x))] - implied[int(np.argmin(s.x))]) / (end - start))
+    share = float(np.nanmean(shares)) if shares else float("nan")
+    detail = (
+        f"the predicted count moves {share:.2f} of the way from the first true count to the second "
+        f"(mean over the {len(shares)} pairs whose count changes)"
+    )
+    if not np.isfinite(share):
         return "The predicted count as words turn into another word", detail
-    if rho <= -0.5:
-        return "As words turn into another word, the predicted count falls toward the words left", detail
-    if rho <= -0.2:
-        return "As words turn into another word, the predicted count falls a little", detail
+    if share >= 0.5:
+        return "As words turn into another word, the predicted count moves to the words left", detail
+    if share >= 0.2:
+        return "As words turn into another word, the predicted count moves a little toward the words left", detail
     return "The predicted count hardly moves as words turn into another word", detail
 
 

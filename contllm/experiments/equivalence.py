@@ -392,7 +392,8 @@ def equivalence_finding(result: EquivalenceResult) -> tuple[str, str]:
     with m·d against the one with m alone, and the mean distance |E[k] − m·d|. A product
     correlation of 0.8 or more with a distance up to 0.75 reads as "counts like m × d";
     a copies correlation above the product's by 0.1 as "follows the copies, not their
-    duration"; otherwise "grows with m × d, though not one for one".
+    duration"; a slope of E[k] on m·d under 0.1 as "hardly depends"; otherwise "grows with
+    m × d, though not one for one".
     """
     numbers = [measures(g) for g in result.grids]
     product = float(np.nanmean([m["spearman_product"] for m in numbers]))
@@ -402,10 +403,13 @@ def equivalence_finding(result: EquivalenceResult) -> tuple[str, str]:
         f"rank correlation of the predicted count with m × d: {product:.2f}, with m alone: {copies:.2f}; "
         f"distance from m × d: {gap:.2f} (means over {len(numbers)} words)"
     )
+    slope = float(np.nanmean([m["slope"] for m in numbers]))
     if product >= 0.8 and gap <= 0.75:
         return "m copies lasting d each count like m × d copies: the predicted count follows m × d", detail
     if copies > product + 0.1:
         return "The predicted count follows the number of copies, not how long they last", detail
+    if not slope >= 0.1:
+        return "The predicted count hardly depends on m × d", detail
     return "The predicted count grows with m × d, though not one for one", detail
 
 

@@ -45,8 +45,9 @@ def sums_finding(records: Sequence[Any]) -> tuple[str, str]:
 
     From the mean rank correlation rho of the implied sum with c and the median share of
     the scaled number the sum moves by per unit of c (the slope of (implied − b) / a; 1 on
-    the line a·c + b): rho >= 0.5 reads as "counts for less", and with a slope within 0.3
-    of 1 as "about c × a + b"; rho from 0.2 as "a little less"; less as "hardly depends".
+    the line a·c + b): rho >= 0.5 with a slope within 0.3 of 1 reads as "about c × a + b",
+    with a slope of 0.3 or more as "counts for less"; a slope of 0.1 or more as "a little
+    less"; less as "hardly depends".
     """
     from contllm import metrics
 
@@ -62,23 +63,23 @@ def sums_finding(records: Sequence[Any]) -> tuple[str, str]:
         f"rank correlation of the sum with c: {rho:.2f} (mean); the sum moves by {slope:.2f} of the number per unit "
         "of c (median; 1 on the line a·c + b)"
     )
-    if not np.isfinite(rho):
+    if not (np.isfinite(rho) and np.isfinite(slope)):
         return "The sum as one number lasts shorter or longer", detail
-    if rho >= 0.5:
-        if np.isfinite(slope) and abs(slope - 1) <= 0.3:
-            return "A shortened number counts for less: the sum reads about c × a + b", detail
+    if rho >= 0.5 and abs(slope - 1) <= 0.3:
+        return "A shortened number counts for less: the sum reads about c × a + b", detail
+    if rho >= 0.5 and slope >= 0.3:
         return "A shortened number counts for less: the sum falls as the number shrinks", detail
-    if rho >= 0.2:
+    if slope >= 0.1:
         return "A shortened number counts a little less in the sum", detail
     return "The sum hardly depends on how long the number lasts", detail
 
 
 #: The paper's outcome classes in plain words (the keys of contllm.experiments.sums.success).
 OUTCOMES = {
-    "valid": "right first digit\nat c = 1 (valid,\nshare of all)",
-    "successful": "a shrunk reading\nwins somewhere\n(successful)",
-    "strongly_successful": "...and beats every\nother digit\n(strongly)",
-    "completely_successful": "...and no other digit\never beats it\n(completely)",
+    "valid": "valid:\nright at c = 1\n(of all)",
+    "successful": "successful:\na shrunk reading\nwins somewhere",
+    "strongly_successful": "strongly:\nit beats every\nother digit",
+    "completely_successful": "completely:\nno digit ever\nbeats it",
 }
 
 
@@ -88,7 +89,7 @@ def summary_figure(result: Any, outcomes: Sequence[dict[str, bool]], names: Sequ
     valid, successful, strongly and completely successful; ``names``: their keys in order)."""
     x, records = result.common()
     fig, (left, right, rates) = plt.subplots(
-        1, 3, figsize=(18, 5.2), constrained_layout=True, gridspec_kw={"width_ratios": [1.5, 1, 1]}
+        1, 3, figsize=(18, 5.2), constrained_layout=True, gridspec_kw={"width_ratios": [1.5, 1, 1.2]}
     )
     shares = np.array([read_share(r) for r in records])
     for row in shares:
@@ -128,8 +129,10 @@ def summary_figure(result: Any, outcomes: Sequence[dict[str, bool]], names: Sequ
             fontsize=8,
         )
     rates.set_xticks(range(len(values)), [OUTCOMES.get(k, k) for k in names], fontsize=7.5)
-    rates.set(ylim=(0, 1.1), ylabel=f"share of the {len(valid)} valid problems (first bar: of all {len(outcomes)})")
-    paper_title(rates, "How often shrinking the number changes the first digit as predicted", "outcome rates")
+    rates.set(
+        ylim=(0, 1.1), ylabel=f"share of the {len(valid)} valid problems\n(the first bar: of all {len(outcomes)})"
+    )
+    paper_title(rates, "How often shrinking the number changes\nthe first digit as predicted", "outcome rates")
     rates.grid(alpha=0.3, axis="y")
     heading(fig, result.model, "sums", len(result.records), "problems")
     return fig

@@ -372,6 +372,11 @@ _KNOB_NAMES = {
     "tau": "time shift tau",
 }
 _DISTANCE_NAMES = {"tv": "total variation from the reference", "max_dp": "max |dp| from the reference"}
+#: The same, in a summary figure's words.
+_PLAIN_DISTANCES = {
+    "tv": "how far the output is from the plain\nprompt's (total variation)",
+    "max_dp": "largest change of any token's probability\nfrom the plain prompt's",
+}
 
 
 def _knob_name(knob: str) -> str:
@@ -512,7 +517,7 @@ def summary_figure(result: TrackResult, distance: str) -> Any:
             ax.set_yscale("log")
             ax.axhline(UNCHANGED, color="r", ls="--", lw=0.8, label=f"{UNCHANGED:g}: float rounding")
         ax.set_xlabel(_knob_name(knob))
-        ax.set_ylabel(_DISTANCE_NAMES[distance])
+        ax.set_ylabel(_PLAIN_DISTANCES[distance])
         ax.grid(alpha=0.3)
         legend_outside(ax, title="item")
         if k == 0:

@@ -178,7 +178,11 @@ def test_the_counting_interpolation_summary() -> None:
         s.meta = {"word": "apple", "other": "cash", "count_first": start, "count_second": end}
         sweeps.append(s)
     result = ExperimentResult("counting-interpolation", "tiny", {}, sweeps, x_label="alpha")
-    assert "falls toward the words left" in counting_interpolation_finding(sweeps)[0]
+    assert "moves to the words left" in counting_interpolation_finding(sweeps)[0]
+    flat = [peaked(f"q{k}", 4, np.full_like(x, 4.0)) for k in range(2)]
+    for s in flat:
+        s.x, s.meta = x, {"count_first": 4, "count_second": 1}
+    assert "hardly moves" in counting_interpolation_finding(flat)[0]
     fig = counting_interpolation_figure(result)
     try:
         check_readable(fig)
