@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from contllm.exports import lazy_exports
 
 if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads on first use
+    from contllm.cards.auditing import audit
     from contllm.errors import (
         ContllmError,
         ExperimentError,
@@ -35,6 +36,7 @@ __version__ = "0.1.0"
 __getattr__, _lazy = lazy_exports(
     __name__,
     {
+        "contllm.cards.auditing": ("audit",),
         "contllm.errors": (
             "ContllmError",
             "ExperimentError",

@@ -60,7 +60,7 @@ def plan(
         common = shared_prefix_len(signals, lm, before=min(first))
         if common > 0:
             candidates.append(_by_length(lengths, limits, common))
-    return min(candidates, key=lambda chunks: _cost(chunks, lengths))
+    return min(candidates, key=lambda chunks: cost(chunks, lengths))
 
 
 #: What one more forward costs beyond its tokens, in tokens (dispatch of every layer's
@@ -177,9 +177,9 @@ def _by_length(lengths: Sequence[int], limits: _Limits, prefix: int) -> list[Chu
     return chunks
 
 
-def _cost(chunks: Sequence[Chunk], lengths: Sequence[int]) -> int:
+def cost(chunks: Sequence[Chunk], lengths: Sequence[int]) -> int:
     """Tokens a plan computes: each prefix once (again where it changes), rows x padded width after it, and
-    :data:`FORWARD_OVERHEAD` per chunk."""
+    :data:`FORWARD_OVERHEAD` per chunk (``lengths``: each signal's tokens, by index)."""
     total, last = 0, None
     for c in chunks:
         total += FORWARD_OVERHEAD

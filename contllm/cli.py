@@ -543,7 +543,7 @@ def figures(
 #: Commands kept in modules of their own: "name": "module:function", a Typer command
 #: function. Adding one is its module and one line here; the module imports nothing heavy
 #: at its top (its function imports what its work needs), so that --help stays fast.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {"audit": "contllm.cards.cli:audit"}
 
 
 def _register(commands: dict[str, str]) -> None:

@@ -37,7 +37,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from contllm import precision
-from contllm.chunks import plan
+from contllm.chunks import Chunk, cost, plan
 from contllm.errors import SignalError
 from contllm.families import decoder_layers, final_norm, sizes
 from contllm.precision import float32_readout, float32_state
@@ -264,9 +264,7 @@ class Engine:
         reusable: SharedPrefix | None = None
         done = 0
         with evaluation(self.lm, float32=self.float32_state, projections=self.float32_projections):
-            use_prefix = self.prefix_cache and _prefix_safe(self.lm)
-            vocab = int(self.lm.model.get_input_embeddings().weight.shape[0])
-            for chunk in plan(items, reads, self.max_batch_tokens, self.lm, prefix=use_prefix, vocab=vocab):
+            for chunk in self._plan(items, reads):
                 rows = [items[i] for i in chunk.rows]
                 logits, reusable, chunk_stats = self._chunk(
                     rows, [reads[i] for i in chunk.rows], positions, chunk.prefix, reusable
@@ -303,7 +301,23 @@ class Engine:
             return [_pick(torch.softmax(x, dim=-1), wanted) for x in logits]
         return _pick(torch.softmax(logits, dim=-1), wanted)
 
+    def planned_cost(self, signals: Sequence[Signal], *, positions: Positions = "last") -> int:
+        """What :meth:`logits` would compute for ``signals``, in tokens (:func:`contllm.chunks.cost`); nothing runs.
+
+        The same chunks as a call would run: each computed prefix once, rows x padded width
+        after it, and the planner's per-forward overhead. Inputs are checked as by :meth:`logits`.
+        """
+        items = check_signals(signals)
+        reads = read_indices(items, normalize_positions(positions))
+        check_inputs(self.lm, items, reads)
+        return cost(self._plan(items, reads), [len(s) for s in items])
+
     # ------------------------------------------------------------------ chunks
+    def _plan(self, items: list[Signal], reads: list[list[int]]) -> list[Chunk]:
+        use_prefix = self.prefix_cache and _prefix_safe(self.lm)
+        vocab = int(self.lm.model.get_input_embeddings().weight.shape[0])
+        return plan(items, reads, self.max_batch_tokens, self.lm, prefix=use_prefix, vocab=vocab)
+
     def _chunk(
         self,
         chunk: list[Signal],

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,43 +16,18 @@ import pytest
 from contllm import ContinuousLM
 from contllm.report import write_report
 from contllm.runner import run
+from tests.integration.browser import chromium, missing
 
 pytestmark = pytest.mark.integration
 
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
-BROWSER = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-DRIVER = shutil.which("chromedriver")
-if BROWSER is None or DRIVER is None:
-    pytest.skip(
-        "Chromium or chromedriver is missing (apt-get install chromium chromium-driver)", allow_module_level=True
-    )
+if missing() is not None:
+    pytest.skip(missing(), allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = BROWSER
-    profile = tempfile.mkdtemp(prefix="contllm-chromium-")
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        f"--user-data-dir={profile}",
-        "--window-size=1300,1000",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def shown(driver: object) -> dict[tuple[str, str], tuple[str, float]]:

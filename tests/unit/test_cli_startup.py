@@ -61,6 +61,7 @@ def probe(*args: str) -> tuple[dict, str]:
         (["models", "--help"], "--cache-dir"),
         (["report", "--help"], "--out"),
         (["figures", "--help"], "--formats"),
+        (["audit", "--help"], "--budget TIME"),
         (["run", "counting", "--help"], "--formats [png|pdf],..."),
         (["--version"], f"contllm {contllm.__version__}"),
     ],
