@@ -256,9 +256,11 @@ class Exploration:
         )
         signal = self.signals[k]
         durations = [float(d) for d in signal.durations]
+        # Each box exactly as wide as its token lasts (14 px a step); the line between boxes takes no room.
         boxes = "".join(
-            f'<span title="token {i}, duration {d:g}" style="display:inline-block;height:14px;margin-right:1px;'
-            f'width:{max(2.0, 14 * d):.1f}px;background:{"#ffd27a" if abs(d - 1) > 1e-12 else "#dde4f0"}"></span>'
+            f'<span title="token {i}, duration {d:g}" style="display:inline-block;height:14px;'
+            f"box-shadow:inset -1px 0 0 #fff;{'outline:1px solid #d04a4a;' if d == 0 else ''}"
+            f'width:{14 * d:.1f}px;background:{"#ffd27a" if abs(d - 1) > 1e-12 else "#dde4f0"}"></span>'
             for i, d in enumerate(durations)
         )
         return f"<div>{rows}</div><div style='margin-top:6px;white-space:nowrap;overflow-x:auto'>{boxes}</div>"

@@ -11,7 +11,9 @@ The headline numbers are recomputed from results.json by the experiment's own su
 so runs made by different versions are compared by the same definitions. Rows are
 ordered best first by the experiment's first declared metric
 (:class:`~contllm.experiments.base.Metric`, higher or lower is better), and the Markdown
-ranks the runs by each declared metric. Only runs of one experiment can be compared.
+ranks the runs by each declared metric. Only runs of one experiment can be compared, and
+runs over different items are compared on the items they share, with a warning
+(:func:`shared_items`).
 """
 
 from __future__ import annotations

@@ -89,16 +89,17 @@ def make_runs(
 
 
 def draw(run_dirs: Mapping[str, Path], to: str | Path) -> list[Path]:
-    """Each run's summary figure as ``<to>/<experiment>.png`` (120 dpi); the paths written."""
-    from contllm import load_run
-    from contllm.experiments import figure
+    """Each run's summary figure (its experiment's first figure) as ``<to>/<experiment>.png`` (120 dpi); the paths
+    written."""
+    from contllm import load_run, registry
     from contllm.plotting import plt
 
     target = Path(to)
     target.mkdir(parents=True, exist_ok=True)
     written = []
     for name, path in run_dirs.items():
-        fig = figure(load_run(path).result)
+        run = load_run(path)
+        _, fig = next(iter(registry.get(run.experiment).figures(run.result, per_item=False)))
         fig.savefig(target / f"{name}.png", dpi=120)
         plt.close(fig)
         written.append(target / f"{name}.png")

@@ -230,6 +230,8 @@ USER_API = (
     "contllm.hooks",
     "contllm.generation",
     "contllm.experiments",
+    "contllm.cards",
+    "contllm.cards.auditing",
     "contllm.report",
     "contllm.outputs",
     "contllm.explorer",
@@ -317,9 +319,15 @@ def unrun_copy(stored: Path) -> Path:
     return target
 
 
+def notebook_pages() -> list[tuple[str, Path]]:
+    """(name, path of the file the site shows) for each notebook: the executed copy when there is one, else a copy of
+    the stored one whose first cell says it shows no outputs (:func:`unrun_copy`, written here)."""
+    return [(name, path if path.parent == EXECUTED else unrun_copy(path)) for name, path in notebook_sources()]
+
+
 def notebook_sources() -> list[tuple[str, Path]]:
-    """(name, path of the notebook to show) for each notebook: the executed copy when there is one, else a copy of
-    the stored one that says it shows no outputs (:func:`unrun_copy`)."""
+    """(name, path of the notebook to show) for each notebook: the executed copy when there is one, else the stored
+    one (which the site shows under a note, :func:`notebook_pages`)."""
     require = os.environ.get("CONTLLM_DOCS_EXECUTED") == "1"
     out = []
     for stored in sorted(NOTEBOOKS.glob("*.ipynb")):
@@ -332,7 +340,7 @@ def notebook_sources() -> list[tuple[str, Path]]:
                 "run the notebook tests first (pytest tests/notebooks)"
             )
         else:
-            out.append((stored.name, unrun_copy(stored)))
+            out.append((stored.name, stored))
     return out
 
 
@@ -387,7 +395,7 @@ def on_files(files: Files, config: Any) -> Files:
     files.append(File.generated(config, FIGURES_PAGE, content=figures_page()))
     for module in public_modules():
         files.append(File.generated(config, f"reference/api/{module}.md", content=api_page(module)))
-    for name, path in notebook_sources():
+    for name, path in notebook_pages():
         # a plain File (not a generated one), which mkdocs-jupyter knows how to wrap
         files.append(File(f"notebooks/{name}", str(path.parents[1]), config["site_dir"], config["use_directory_urls"]))
     return files

@@ -465,7 +465,7 @@ def _bars(ax: Any, groups: list[str], runs: Sequence[tuple[str, dict[str, Any]]]
                 hatch=None if not suffix else "//",
                 label=f"{label}{': random direction' if suffix else ': the real path'}",
             )
-    ax.set_xticks(positions, groups)
+    ax.set_xticks(positions, groups, fontsize=8, rotation=20)
     ax.set_title(title, loc="left", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     legend_outside(ax)
@@ -497,22 +497,24 @@ def _profiles(ax: Any, paths: Sequence[ReadoutPath]) -> None:
 
 
 def linearity_finding(summary: dict[str, Any]) -> tuple[str, str]:
-    """The sentence a linearity summary opens with, and the numbers behind it: the mean R² of the straight line
-    between the ends as a fit of the read-out along the real path, against the random direction's; 0.9 or more reads
-    as "close to a straight line", 0.6 or more as "bends", less as "far from"."""
-    r2, base = summary.get("all_mean_r2", float("nan")), summary.get("all_mean_r2_baseline", float("nan"))
+    """The sentence a linearity summary opens with, and the numbers behind it: the mean largest distance of the
+    read-out from the straight line between its ends (the chord), on the real path and on a random direction; up to
+    0.05 reads as "close to the straight line", under three quarters of the random direction's as "bends less than a
+    random direction", else "bends as much as a random direction"."""
     deviation = summary.get("all_mean_max_deviation", float("nan"))
+    base = summary.get("all_mean_max_deviation_baseline", float("nan"))
+    r2, r2_base = summary.get("all_mean_r2", float("nan")), summary.get("all_mean_r2_baseline", float("nan"))
     detail = (
-        f"R² of the straight line: {r2:.2f} on the real path, {base:.2f} on a random direction; "
-        f"largest distance from it: {deviation:.2f} (means over items)"
+        f"largest distance from the straight line: {deviation:.3f} on the real path, {base:.3f} on a random "
+        f"direction; R² of the line {r2:.2f} against {r2_base:.2f} (means over items)"
     )
-    if not np.isfinite(r2):
+    if not np.isfinite(deviation):
         return "The read-out along the path between two inputs", detail
-    if r2 >= 0.9:
-        return "Between two inputs the output moves almost along a straight line", detail
-    if r2 >= 0.6:
-        return "Between two inputs the output bends away from the straight line", detail
-    return "Between two inputs the output moves far from a straight line", detail
+    if deviation <= 0.05:
+        return "Between two inputs the output stays close to the straight line between its ends", detail
+    if np.isfinite(base) and deviation < 0.75 * base:
+        return "Between two inputs the output bends, but less than along a random direction", detail
+    return "Between two inputs the output bends as much as along a random direction", detail
 
 
 def summary_figure(result: LinearityResult) -> Any:

@@ -468,7 +468,7 @@ def tracking_finding(tracks: Sequence[Track], distance: str) -> tuple[str, str]:
             f"largest change of any token's probability from the plain prompt: {largest:.1e} over {len(values)} items"
         )
         if largest <= UNCHANGED:
-            return f"The output does not change as {does}", detail
+            return f"The output does not change as {does}, beyond float rounding", detail
         return f"The output changes as {does}", detail
     reach = float(np.mean([v.max() for v in values]))
     jump = float(np.mean([np.abs(np.diff(v)).max() if len(v) > 1 else 0.0 for v in values]))

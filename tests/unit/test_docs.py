@@ -129,7 +129,9 @@ def test_executed_notebooks_are_required_when_asked(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(hooks, "UNRUN", tmp_path / "unrun")
     monkeypatch.delenv("CONTLLM_DOCS_EXECUTED", raising=False)
     stored = sorted((ROOT / "notebooks").glob("*.ipynb"))
-    shown = hooks.notebook_sources()
+    assert [path for _, path in hooks.notebook_sources()] == stored  # without a run: the stored ones
+    assert not (tmp_path / "unrun").exists()  # the navigation alone writes nothing
+    shown = hooks.notebook_pages()
     assert [name for name, _ in shown] == [p.name for p in stored]
     for (_, path), original in zip(shown, stored):  # without a run: the stored ones, saying so first
         cells = json.loads(path.read_text())["cells"]
