@@ -113,6 +113,7 @@ def _label_values(labels: list[str]) -> tuple[list[float | None] | None, str | N
     of 1), yes as 1 and no as 0; (None, None) for labels with no two values."""
     values: list[float | None] = []
     for label in labels:
+        number: float | None
         try:
             number = float(label)
         except ValueError:

@@ -89,7 +89,7 @@ def make_runs(
 
 
 def draw(run_dirs: Mapping[str, Path], to: str | Path) -> list[Path]:
-    """Each run's summary figure (its experiment's first figure) as ``<to>/<experiment>.png`` (120 dpi); the paths
+    """Each run's summary figure (its experiment's first figure) as ``<to>/<experiment>.png`` (100 dpi); the paths
     written."""
     from contllm import load_run, registry
     from contllm.plotting import plt
@@ -100,7 +100,7 @@ def draw(run_dirs: Mapping[str, Path], to: str | Path) -> list[Path]:
     for name, path in run_dirs.items():
         run = load_run(path)
         _, fig = next(iter(registry.get(run.experiment).figures(run.result, per_item=False)))
-        fig.savefig(target / f"{name}.png", dpi=120)
+        fig.savefig(target / f"{name}.png", dpi=100)
         plt.close(fig)
         written.append(target / f"{name}.png")
     return written

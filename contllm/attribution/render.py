@@ -165,10 +165,10 @@ def attribution_finding(precision: float, chance: float) -> tuple[str, str]:
     if not np.isfinite(precision):
         return "Where integrated gradients along the durations point", detail
     if precision >= chance + 0.2:
-        return "Integrated gradients along the durations point at the scaled words", detail
+        return "Integrated gradients point at the scaled words", detail
     if precision >= chance + 0.05:
-        return "Integrated gradients along the durations find the scaled words more often than chance", detail
-    return "Integrated gradients along the durations do no better than chance at finding the scaled words", detail
+        return "Integrated gradients find the scaled words more often than chance", detail
+    return "Integrated gradients do no better than chance at finding the scaled words", detail
 
 
 def summary_figure(result: Any) -> Any:
@@ -177,7 +177,7 @@ def summary_figure(result: Any) -> Any:
     from contllm.plotting import finding, heading, legend_outside, plt
 
     fig, (left, right) = plt.subplots(
-        1, 2, figsize=(14, 4.8), constrained_layout=True, gridspec_kw={"width_ratios": [1.2, 1]}
+        1, 2, figsize=(14, 4.8), constrained_layout=True, gridspec_kw={"width_ratios": [1.5, 1]}
     )
     measures = ("attribution", "occlusion", "shrink")
     means = [np.nanmean([r.precision(getattr(r, m)) for r in result.items]) for m in measures]

@@ -1,8 +1,9 @@
 """What every summary figure must give a reader, checked on a drawn figure (tests of each experiment's figures use it).
 
 The first panel states its finding as a sentence (its left title); no legend covers any
-panel's data area; each panel has one y-axis (no twin axes sharing a panel's place); the
-paper's measures, where a figure has them, are its last panels.
+panel's data area; no panel title runs into another or off the figure; each panel has one
+y-axis (no twin axes sharing a panel's place); the paper's measures, where a figure has
+them, are its last panels.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def check_readable(fig: Any) -> str:
         for ax in axes:
             area = ax.get_window_extent(renderer)
             assert not box.overlaps(area), f"a legend ({legend.get_title().get_text()!r}) covers a panel's data area"
+    titles = [t.get_window_extent(renderer) for ax in axes for t in (ax.title, ax._left_title) if t.get_text()]
+    page = fig.bbox
+    for k, box in enumerate(titles):
+        assert not any(box.overlaps(other) for other in titles[k + 1 :]), "two panel titles overlap"
+        assert box.x0 >= page.x0 - 1 and box.x1 <= page.x1 + 1, "a panel title runs off the figure"
     sentence = axes[0].get_title(loc="left")
     assert sentence and sentence[0].isupper() and len(sentence.split()) >= 5, (
         f"no finding on the first panel: {sentence!r}"

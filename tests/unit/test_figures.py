@@ -209,3 +209,9 @@ def test_the_checks_can_fail() -> None:
     with pytest.raises(AssertionError, match="no finding"):
         check_readable(fig)
     figures.plt.close(fig)
+    fig, (left, right) = figures.plt.subplots(1, 2, figsize=(6, 3))
+    left.set_title("A finding so long that it runs on into the panel beside it and further", loc="left")
+    right.set_title("the other panel", loc="left")
+    with pytest.raises(AssertionError, match="titles overlap|runs off the figure"):
+        check_readable(fig)
+    figures.plt.close(fig)
