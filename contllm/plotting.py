@@ -29,7 +29,7 @@ if not os.environ.get("DISPLAY") and "MPLBACKEND" not in os.environ:
 
 import matplotlib.pyplot as plt
 
-__all__ = ["finding", "heading", "legend_outside", "paper_title", "plt", "save_figure"]
+__all__ = ["finding", "heading", "legend_outside", "paper_title", "plt", "save_figure", "shortened"]
 
 
 def finding(ax: Any, sentence: str, detail: str = "") -> None:
@@ -57,7 +57,15 @@ def paper_title(ax: Any, plain: str, paper_name: str) -> None:
 
 def heading(fig: Any, model: str, experiment: str, count: int, unit: str = "items") -> None:
     """The figure's heading: model, experiment and how many items (or prompts, pairs, ...) it holds."""
-    fig.suptitle(f"{model} · {experiment} · {count} {unit}", fontsize=9, color="0.35", x=0.01, ha="left")
+    what = unit[:-1] if count == 1 and unit.endswith("s") else unit
+    fig.suptitle(f"{model} · {experiment} · {count} {what}", fontsize=9, color="0.35", x=0.01, ha="left")
+
+
+def shortened(text: object, limit: int = 32) -> str:
+    """``str(text)`` cut to ``limit`` characters with an ellipsis: a word or id from a data file in a title or legend
+    (a long one would squeeze the panels to nothing)."""
+    words = " ".join(str(text).split())
+    return words if len(words) <= limit else words[: limit - 1] + "…"
 
 
 def legend_outside(ax: Any, *, title: str | None = None, **options: Any) -> Any:

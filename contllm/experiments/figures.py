@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from contllm import metrics
-from contllm.plotting import finding, heading, legend_outside, paper_title, plt
+from contllm.plotting import finding, heading, legend_outside, paper_title, plt, shortened
 
 Result = Any  # an ExperimentResult: experiment, model, x_label, sweeps
 Sweep = Any  # a Sweep: item_id, x, labels, probs, truth, meta
@@ -157,7 +157,7 @@ def count_summary_figure(result: Result, counted: str = "words") -> Any:
     finding_ax, one, truth_ax = panels["finding"], panels["item"], panels["truth"]
     chosen, why = representative(result.sweeps)
     item_panel(one, result, chosen)
-    what = f"{chosen.meta['word']} × {chosen.truth}" if chosen.meta.get("word") else chosen.item_id
+    what = shortened(f"{chosen.meta['word']} × {chosen.truth}" if chosen.meta.get("word") else chosen.item_id)
     one.set_title(f"One item whole: {what}\n({why})", loc="left", fontsize=9)
     cmap = plt.get_cmap("viridis")
     ns = sorted(by_n)

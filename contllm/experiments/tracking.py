@@ -487,7 +487,7 @@ def summary_figure(result: TrackResult, distance: str) -> Any:
     """Across items. First, the finding: each item's distance from the reference (the plain prompt) against the knob,
     with the mean (tv) or the largest (max_dp) over items; a panel per further knob; last, how many tokens each item
     tracks, and whether its most probable token changes."""
-    from contllm.plotting import finding, heading, legend_outside, plt
+    from contllm.plotting import finding, heading, legend_outside, plt, shortened
 
     knobs = list(dict.fromkeys(t.knob for t in result.tracks))
     fig, axes = plt.subplots(
@@ -501,7 +501,7 @@ def summary_figure(result: TrackResult, distance: str) -> Any:
     for k, (ax, knob) in enumerate(zip(axes[0], knobs)):
         tracks = [t for t in result.tracks if t.knob == knob and _distance(t, distance) is not None]
         for t in tracks:
-            ax.plot(t.x, np.maximum(_distance(t, distance), FLOOR), "-", lw=0.9, alpha=0.7, label=t.item_id)  # type: ignore[arg-type]
+            ax.plot(t.x, np.maximum(_distance(t, distance), FLOOR), "-", lw=0.9, alpha=0.7, label=shortened(t.item_id))  # type: ignore[arg-type]
         if tracks:
             x, same = _grid(tracks)
             values = np.array([_distance(t, distance) for t in same])
@@ -528,7 +528,7 @@ def summary_figure(result: TrackResult, distance: str) -> Any:
     counts = [len(t.token_ids) for t in result.tracks]
     changed = [t.argmax_changes for t in result.tracks]
     bars.barh(range(len(counts)), counts, color=["tab:orange" if c else "tab:blue" for c in changed])
-    bars.set_yticks(range(len(counts)), [t.item_id for t in result.tracks], fontsize=7)
+    bars.set_yticks(range(len(counts)), [shortened(t.item_id) for t in result.tracks], fontsize=7)
     bars.invert_yaxis()
     bars.set_xlabel(f"tracked tokens (probability above {result.config.get('threshold')} somewhere)")
     bars.set_title("Tokens that become likely along the sweep", loc="left", fontsize=9)

@@ -157,14 +157,15 @@ def test_a_boolean_page_shows_each_ends_prompt_and_truth(smollm: ContinuousLM, b
         return [r.get_attribute("data-label") for r in browser.find_elements(By.CSS_SELECTOR, ".bar-row.truth")]
 
     prompt = browser.find_element(By.ID, "prompt")
-    assert prompt.get_attribute("data-end") == "first" and prompt.text == record["meta"]["prompt"].strip()
+    assert prompt.get_attribute("data-end") == "first" and prompt.text.strip() == record["meta"]["prompt"].strip()
     assert [m.text for m in prompt.find_elements(By.TAG_NAME, "mark")] == ["AND"]
     assert truth_rows() == ["0"]  # 0 AND 1
     knob.send_keys(Keys.ARROW_RIGHT)
     assert truth_rows() == []  # a blend of two operators has no truth value
     knob.send_keys(Keys.END)
     prompt = browser.find_element(By.ID, "prompt")
-    assert prompt.get_attribute("data-end") == "second" and prompt.text == record["meta"]["prompt_second"].strip()
+    assert prompt.get_attribute("data-end") == "second"
+    assert prompt.text.strip() == record["meta"]["prompt_second"].strip()
     assert [m.text for m in prompt.find_elements(By.TAG_NAME, "mark")] == ["OR"]
     assert truth_rows() == ["1"]  # 0 OR 1
     assert "the second prompt" in browser.find_element(By.ID, "strip-note").text
@@ -205,8 +206,9 @@ def test_hostile_strings_in_every_field_are_text_in_the_browser(browser: object,
     for sweep in results["sweeps"]:
         sweep["labels"] = [label if k % 2 == 0 else f"{label}{hostile}" for k, label in enumerate(sweep["labels"])]
     (out / "results.json").write_text(json.dumps(results))
-    second = run("counting", config=CountingConfig(samples=2, low=0.5, high=1.0), lm=lm, model=f"n{hostile}",
-                 items="1", out=tmp_path / "o2", item_figures=False)
+    # one item of the same file: a report compares runs on the items they share
+    second = run("counting", config=CountingConfig(data=str(data), samples=2, low=0.5, high=1.0), lm=lm,
+                 model=f"n{hostile}", items="1", out=tmp_path / "o2", item_figures=False)
     assert CliRunner().invoke(app, ["report", str(out), str(second), "--out", str(tmp_path / "r")]).exit_code == 0
     browser.get((tmp_path / "r" / "explorer.html").as_uri())
     assert browser.execute_script("return window.pwned === undefined && document.images.length === 0")
