@@ -311,7 +311,9 @@ def unrun_copy(stored: Path) -> Path:
     import json
 
     notebook = json.loads(stored.read_text(encoding="utf-8"))
-    note = {"cell_type": "markdown", "metadata": {}, "source": [UNRUN_NOTE]}
+    note: dict[str, object] = {"cell_type": "markdown", "metadata": {}, "source": [UNRUN_NOTE]}
+    if any("id" in cell for cell in notebook.get("cells", [])):
+        note["id"] = "contllm-not-run"
     notebook["cells"] = [note, *notebook.get("cells", [])]
     target = UNRUN / "notebooks" / stored.name
     target.parent.mkdir(parents=True, exist_ok=True)
