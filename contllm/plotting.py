@@ -14,6 +14,7 @@ and how many items (:func:`heading`).
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -29,7 +30,17 @@ if not os.environ.get("DISPLAY") and "MPLBACKEND" not in os.environ:
 
 import matplotlib.pyplot as plt
 
-__all__ = ["finding", "heading", "legend_outside", "paper_title", "plt", "save_figure", "shortened"]
+__all__ = [
+    "finding",
+    "heading",
+    "label_bars",
+    "legend_outside",
+    "paper_title",
+    "plt",
+    "save_figure",
+    "shortened",
+    "worded",
+]
 
 
 def finding(ax: Any, sentence: str, detail: str = "") -> None:
@@ -48,6 +59,23 @@ def finding(ax: Any, sentence: str, detail: str = "") -> None:
             va="bottom",
             ha="left",
         )
+
+
+def worded(value: float, ladder: Sequence[tuple[float, str]], below: str, unknown: str) -> str:
+    """The sentence of the first step of ``ladder`` ((threshold, sentence), highest threshold first) that ``value``
+    reaches; ``below`` under every step, ``unknown`` for a value that is not a finite number."""
+    if not math.isfinite(value):
+        return unknown
+    return next((sentence for threshold, sentence in ladder if value >= threshold), below)
+
+
+def label_bars(
+    ax: Any, values: Sequence[float], text: str = "{:.2f}", positions: Sequence[float] | None = None
+) -> None:
+    """Each bar's value written over it (``text`` formats it; "n/a" for a missing one)."""
+    for x, v in zip(range(len(values)) if positions is None else positions, values):
+        known = v is not None and math.isfinite(v)
+        ax.annotate(text.format(v) if known else "n/a", (x, v if known else 0), ha="center", va="bottom", fontsize=8)
 
 
 def paper_title(ax: Any, plain: str, paper_name: str) -> None:

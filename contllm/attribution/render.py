@@ -162,13 +162,14 @@ def attribution_finding(precision: float, chance: float) -> tuple[str, str]:
     detail = (
         f"{precision:.0%} of the k most attributed tokens lie in the scaled span (chance {chance:.0%}; k: its tokens)"
     )
-    if not np.isfinite(precision):
-        return "Where integrated gradients along the durations point", detail
-    if precision >= chance + 0.2:
-        return "Integrated gradients point at the scaled words", detail
-    if precision >= chance + 0.05:
-        return "Integrated gradients find the scaled words more often than chance", detail
-    return "Integrated gradients do no better than chance at finding the scaled words", detail
+    from contllm.plotting import worded
+
+    ladder = [
+        (chance + 0.2, "Integrated gradients point at the scaled words"),
+        (chance + 0.05, "Integrated gradients find the scaled words more often than chance"),
+    ]
+    below = "Integrated gradients do no better than chance at finding the scaled words"
+    return worded(precision, ladder, below, "Where integrated gradients along the durations point"), detail
 
 
 def summary_figure(result: Any) -> Any:

@@ -123,13 +123,14 @@ def interpolation_finding(sweeps: Sequence[Sweep]) -> tuple[str, str]:
         f"where one word only makes the answer yes, P(yes) / (P(yes) + P(no)) moves {move:+.2f} toward the second "
         f"word's answer (mean over {len(moves)} questions)"
     )
-    if not np.isfinite(move):
-        return "The answer along the path from one word to the other", detail
-    if move >= 0.3:
-        return "The answer moves with the word: questions true for one word only cross over", detail
-    if move >= 0.1:
-        return "The answer moves a little as one word turns into the other", detail
-    return "The answer barely moves as one word turns into the other", detail
+    from contllm.plotting import worded
+
+    ladder = [
+        (0.3, "The answer moves with the word: questions true for one word only cross over"),
+        (0.1, "The answer moves a little as one word turns into the other"),
+    ]
+    below = "The answer barely moves as one word turns into the other"
+    return worded(move, ladder, below, "The answer along the path from one word to the other"), detail
 
 
 #: Each question group's colour and what its answers are, in plain words.
@@ -220,7 +221,7 @@ def lipschitz_panel(ax: Any, sweeps: Sequence[Sweep]) -> None:
 
 def comparison_figure(runs: Sequence[tuple[str, ExperimentResult, dict[str, Any]]]) -> Any:
     """Runs side by side: the mean yes-share per group against alpha, and the accuracy at both ends."""
-    from contllm.plotting import plt
+    from contllm.plotting import label_bars, plt
 
     fig, (curves, bars) = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
     colors = plt.get_cmap("tab10")
@@ -244,14 +245,7 @@ def comparison_figure(runs: Sequence[tuple[str, ExperimentResult, dict[str, Any]
         values = [summary.get(key) for key in keys]
         offset = positions - 0.4 + width * (k + 0.5)
         bars.bar(offset, [np.nan if v is None else v for v in values], width, color=colors(k % 10), label=label)
-        for xpos, v in zip(offset, values):
-            bars.annotate(
-                "n/a" if v is None else f"{v:.2f}",
-                (xpos, 0 if v is None or not np.isfinite(v) else v),
-                ha="center",
-                va="bottom",
-                fontsize=7,
-            )
+        label_bars(bars, [np.nan if v is None else v for v in values], positions=offset)
     bars.set_xticks(positions, ["accuracy at alpha 0", "accuracy at alpha 1", "first/second questions\ncrossing over"])
     bars.set(ylim=(0, 1.3), yticks=np.linspace(0, 1, 6), title="accuracy at the ends and crossover share")
     bars.legend(fontsize=7, loc="upper center", ncol=min(len(runs), 3))

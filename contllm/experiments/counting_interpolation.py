@@ -268,13 +268,14 @@ def counting_interpolation_finding(sweeps: Sequence[Sweep]) -> tuple[str, str]:
         f"the predicted count moves {share:.2f} of the way from the first true count to the second "
         f"(mean over the {len(shares)} pairs whose count changes)"
     )
-    if not np.isfinite(share):
-        return "The predicted count as words turn into another word", detail
-    if share >= 0.5:
-        return "As words turn into another word, the predicted count moves to the words left", detail
-    if share >= 0.2:
-        return "As words turn into another word, the predicted count moves a little toward the words left", detail
-    return "The predicted count hardly moves as words turn into another word", detail
+    from contllm.plotting import worded
+
+    ladder = [
+        (0.5, "As words turn into another word, the predicted count moves to the words left"),
+        (0.2, "As words turn into another word, the predicted count moves a little toward the words left"),
+    ]
+    below = "The predicted count hardly moves as words turn into another word"
+    return worded(share, ladder, below, "The predicted count as words turn into another word"), detail
 
 
 def summary_figure(result: ExperimentResult) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from contllm import metrics
-from contllm.plotting import finding, heading, legend_outside, paper_title, plt, shortened
+from contllm.plotting import finding, heading, label_bars, legend_outside, paper_title, plt, shortened
 
 Result = Any  # an ExperimentResult: experiment, model, x_label, sweeps
 Sweep = Any  # a Sweep: item_id, x, labels, probs, truth, meta
@@ -396,14 +396,7 @@ def _end_accuracy_panel(ax: Any, sweeps: Sequence[Sweep]) -> None:
         ]
         values.append(float(np.mean(right)) if right else np.nan)
     ax.bar([0, 1], values, color=["0.5", "0.3"])
-    for k, v in enumerate(values):
-        ax.annotate(
-            "n/a" if not np.isfinite(v) else f"{v:.0%}",
-            (k, 0 if not np.isfinite(v) else v),
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
+    label_bars(ax, values, "{:.0%}")
     ax.set_xticks([0, 1], ["alpha 0\n(first operator)", "alpha 1\n(second operator)"])
     ax.set(ylim=(0, 1.15), ylabel="share of items answered right")
     ax.set_title("Truth table right at the ends\n(P(1) > P(0) where the answer is 1)", loc="left", fontsize=9)
@@ -524,10 +517,7 @@ def boolean_comparison(runs: Sequence[Compared]) -> Any:
         heights = [np.nan if v is None else v for v in values]
         offset = positions - 0.4 + width * (k + 0.5)
         bars.bar(offset, heights, width, color=colors(k % 10), label=r.label)
-        for xpos, v in zip(offset, values):
-            bars.annotate(
-                "n/a" if v is None else f"{v:.2f}", (xpos, 0 if v is None else v), ha="center", va="bottom", fontsize=7
-            )
+        label_bars(bars, heights, positions=offset)
     bars.set_xticks(positions, ["alpha = 0\n(first operator)", "alpha = 1\n(second operator)"])
     # Headroom above 1 keeps the legend off the bars.
     bars.set(

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from contllm.plotting import finding, heading, legend_outside, paper_title, plt
+from contllm.plotting import finding, heading, label_bars, legend_outside, paper_title, plt
 
 
 def read_share(record: Any) -> np.ndarray:
@@ -120,14 +120,7 @@ def summary_figure(result: Any, outcomes: Sequence[dict[str, bool]], names: Sequ
         np.mean([o[k] for o in valid]) if valid else np.nan for k in names[1:]
     ]
     rates.bar(range(len(values)), values, color=["0.5", "tab:blue", "tab:green", "tab:purple"][: len(values)])
-    for k, v in enumerate(values):
-        rates.annotate(
-            "n/a" if not np.isfinite(v) else f"{v:.2f}",
-            (k, 0 if not np.isfinite(v) else v),
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
+    label_bars(rates, values)
     rates.set_xticks(range(len(values)), [OUTCOMES.get(k, k) for k in names], fontsize=7.5)
     rates.set(
         ylim=(0, 1.1), ylabel=f"share of the {len(valid)} valid problems\n(the first bar: of all {len(outcomes)})"
