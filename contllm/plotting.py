@@ -69,10 +69,9 @@ def worded(value: float, ladder: Sequence[tuple[float, str]], below: str, unknow
     return next((sentence for threshold, sentence in ladder if value >= threshold), below)
 
 
-def label_bars(
-    ax: Any, values: Sequence[float], text: str = "{:.2f}", positions: Sequence[float] | None = None
-) -> None:
-    """Each bar's value written over it (``text`` formats it; "n/a" for a missing one)."""
+def label_bars(ax: Any, values: Any, text: str = "{:.2f}", positions: Any = None) -> None:
+    """Each bar's value written over it (``text`` formats it; "n/a" for a missing one). values, positions: sequences
+    of numbers [bars] (positions None: 0, 1, ...)."""
     for x, v in zip(range(len(values)) if positions is None else positions, values):
         known = v is not None and math.isfinite(v)
         ax.annotate(text.format(v) if known else "n/a", (x, v if known else 0), ha="center", va="bottom", fontsize=8)
