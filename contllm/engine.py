@@ -134,7 +134,7 @@ class EvaluatedModel(Protocol):
     @property
     def state_dtype(self) -> torch.dtype: ...
 
-    def patched(self) -> Any: ...
+    def patched(self, *, grad: bool = False) -> Any: ...
 
     def forward_batch(
         self,
@@ -150,17 +150,20 @@ class EvaluatedModel(Protocol):
 
 
 @contextmanager
-def evaluation(lm: EvaluatedModel, *, float32: bool = True, projections: bool | None = None) -> Iterator[None]:
+def evaluation(
+    lm: EvaluatedModel, *, float32: bool = True, projections: bool | None = None, grad: bool = False
+) -> Iterator[None]:
     """The context every evaluation of ``lm`` runs in, the engine's and ``generate``'s alike.
 
-    The model takes continuous inputs, in inference mode; a half-precision model reads
+    The model takes continuous inputs, in inference mode (with ``grad``: recording the
+    autograd graph of the inputs, its parameters frozen); a half-precision model reads
     its outputs through a float32 head and, with ``float32``, keeps its state in float32
     between half-precision matmuls (:mod:`contllm.precision`), its query and key
     projections in float32 too unless ``projections`` is False (None:
     :data:`contllm.precision.FLOAT32_PROJECTIONS`). All is undone on exit.
     """
     state = float32_state(lm, float32_projections=projections) if float32 else nullcontext()
-    with lm.patched(), float32_readout(lm.model), state:
+    with lm.patched(grad=grad), float32_readout(lm.model), state:
         yield
 
 

@@ -17,6 +17,8 @@ from contllm.errors import UnsupportedModelError
 
 Positions = Literal["rotary", "learned"]
 Windows = Literal["none", "config", "layer_types"]
+Layout = Literal["stacked", "per_head"]
+NormKind = Literal["rms", "layer"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,23 @@ class Family:
         model (a query or key rounded to bfloat16 moves every attention logit it enters).
     heads, kv_heads: config attributes of the query and key/value head counts; a family
         without grouped queries has kv_heads None (as many key/value heads as queries).
+    rotary: path of the rotary embedding module from the causal-LM model (None: no rotary).
+    ln1, ln2: names of the norms inside a decoder layer that feed the attention and the MLP
+        (ln2 None: one norm feeds both, as in Phi).
+    attention_out_norm, mlp_out_norm: norms applied to the attention and MLP outputs before
+        they join the residual stream (Gemma 2 and 3), or None.
+    parallel: whether attention and MLP read the same residual stream (no residual between
+        them): a bool, or the name of the config attribute that says so.
+    qkv: the query, key and value projections inside the attention module, or one fused
+        projection whose output holds all three, laid out as ``qkv_layout`` says: "stacked"
+        ([queries | keys | values] along the last dimension) or "per_head" (for each head,
+        its query, key and value side by side).
+    mlp_in: the MLP's first projection (whose output goes through the activation; the gate
+        of a gated MLP); mlp_up: the gated MLP's other input projection (None: not gated; the
+        same name as mlp_in: one fused projection holding [gate | up]); mlp_out: the MLP's
+        last projection (its input is the activation inside the MLP).
+    norm_kind: "rms" (root-mean-square norms) or "layer" (mean-centred LayerNorm), with
+        ``norm_offset`` added to the norms' weights (Gemma stores 1 + weight as weight).
     notes: quirks worth knowing, shown in docs and errors.
     """
 
@@ -59,32 +78,68 @@ class Family:
     float32_projections: tuple[str, ...] = ("q_proj", "k_proj")
     heads: str = "num_attention_heads"
     kv_heads: str | None = "num_key_value_heads"
+    rotary: str | None = "model.rotary_emb"
+    ln1: str = "input_layernorm"
+    ln2: str | None = "post_attention_layernorm"
+    attention_out_norm: str | None = None
+    mlp_out_norm: str | None = None
+    parallel: bool | str = False
+    qkv: tuple[str, ...] = ("q_proj", "k_proj", "v_proj")
+    qkv_layout: Layout = "stacked"
+    mlp_in: str = "gate_proj"
+    mlp_up: str | None = "up_proj"
+    mlp_out: str = "down_proj"
+    norm_kind: NormKind = "rms"
+    norm_offset: float = 0.0
     notes: str = ""
 
 
 FAMILIES: tuple[Family, ...] = (
     Family("llama", ("llama",)),
     Family("mistral", ("mistral",), windows="config", notes="sliding window applied in time units"),
-    Family("gemma", ("gemma",), notes="embedding scale lives in the embedding module"),
+    Family("gemma", ("gemma",), norm_offset=1.0, notes="embedding scale lives in the embedding module"),
     Family(
         "gemma2",
         ("gemma2",),
         windows="layer_types",
         backends=("eager",),
+        ln2="pre_feedforward_layernorm",
+        attention_out_norm="post_attention_layernorm",
+        mlp_out_norm="post_feedforward_layernorm",
+        norm_offset=1.0,
         notes="logit softcapping comes before the mask; local and global layers alternate",
     ),
     Family(
         "gemma3",
         ("gemma3_text",),
         windows="layer_types",
+        ln2="pre_feedforward_layernorm",
+        attention_out_norm="post_attention_layernorm",
+        mlp_out_norm="post_feedforward_layernorm",
+        norm_offset=1.0,
         notes="separate rotary bases for local and global layers; local layers slide",
     ),
-    Family("phi", ("phi",), norm="model.final_layernorm", attention_output="dense", notes="partial rotary"),
+    Family(
+        "phi",
+        ("phi",),
+        norm="model.final_layernorm",
+        attention_output="dense",
+        ln2=None,
+        parallel=True,
+        mlp_in="fc1",
+        mlp_up=None,
+        mlp_out="fc2",
+        norm_kind="layer",
+        notes="partial rotary",
+    ),
     Family(
         "phi3",
         ("phi3",),
         windows="config",
         float32_projections=("qkv_proj",),
+        qkv=("qkv_proj",),
+        mlp_in="gate_up_proj",
+        mlp_up="gate_up_proj",
         notes="long-context rope picks frequencies from max(position) + 1",
     ),
     Family("qwen2", ("qwen2",), windows="layer_types"),
@@ -98,6 +153,14 @@ FAMILIES: tuple[Family, ...] = (
         attention_output="dense",
         float32_projections=("query_key_value",),
         kv_heads=None,
+        rotary="gpt_neox.rotary_emb",
+        parallel="use_parallel_residual",
+        qkv=("query_key_value",),
+        qkv_layout="per_head",
+        mlp_in="dense_h_to_4h",
+        mlp_up=None,
+        mlp_out="dense_4h_to_h",
+        norm_kind="layer",
         notes="partial rotary",
     ),
     Family(
@@ -112,6 +175,14 @@ FAMILIES: tuple[Family, ...] = (
         float32_projections=("c_attn",),
         heads="n_head",
         kv_heads=None,
+        rotary=None,
+        ln1="ln_1",
+        ln2="ln_2",
+        qkv=("c_attn",),
+        mlp_in="c_fc",
+        mlp_up=None,
+        mlp_out="c_proj",
+        norm_kind="layer",
     ),
 )
 
@@ -201,7 +272,7 @@ def model_of(model: Any) -> nn.Module:
     raise UnsupportedModelError(f"expected a ContinuousLM or a transformers model, got {type(model).__name__}")
 
 
-def _submodule(model: nn.Module, path: str, what: str, family: Family) -> nn.Module:
+def submodule(model: nn.Module, path: str, what: str, family: Family) -> nn.Module:
     """The module at ``path`` from the causal LM, or from its base model when given that instead."""
     _, _, inner_path = path.partition(".")
     # A bare base model (LlamaModel rather than LlamaForCausalLM) holds the path without its first step.
@@ -222,7 +293,7 @@ def decoder_layers(model: Any) -> nn.ModuleList:
     """The decoder layers of a causal LM (or a ContinuousLM), in order, as the family table places them."""
     net = model_of(model)
     family = family_of(net)
-    layers = _submodule(net, family.layers, "decoder layers", family)
+    layers = submodule(net, family.layers, "decoder layers", family)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
         raise UnsupportedModelError(
             f"{family.name}: {type(net).__name__}.{family.layers} is a {type(layers).__name__}, "
@@ -235,7 +306,18 @@ def final_norm(model: Any) -> nn.Module:
     """The norm between the last decoder layer and the vocabulary head of a causal LM (or a ContinuousLM)."""
     net = model_of(model)
     family = family_of(net)
-    return _submodule(net, family.norm, "final norm", family)
+    return submodule(net, family.norm, "final norm", family)
+
+
+def child(module: nn.Module, name: str, what: str, where: str) -> nn.Module:
+    """The submodule ``name`` of ``module``; UnsupportedModelError naming ``what`` and ``where`` and the submodules there."""
+    found = getattr(module, name, None)
+    if not isinstance(found, nn.Module):
+        raise UnsupportedModelError(
+            f"{where} ({type(module).__name__}) has no {what} {name!r}; its submodules are "
+            f"{', '.join(n for n, _ in module.named_children())}"
+        )
+    return found
 
 
 def _layer_parts(model: Any, attribute: str, what: str) -> list[nn.Module]:
@@ -243,16 +325,10 @@ def _layer_parts(model: Any, attribute: str, what: str) -> list[nn.Module]:
     net = model_of(model)
     family = family_of(net)
     name = getattr(family, attribute)
-    found = []
-    for index, layer in enumerate(decoder_layers(net)):
-        module = getattr(layer, name, None)
-        if not isinstance(module, nn.Module):
-            raise UnsupportedModelError(
-                f"{family.name}: decoder layer {index} ({type(layer).__name__}) has no {what} module "
-                f"{name!r}; its submodules are {', '.join(n for n, _ in layer.named_children())}"
-            )
-        found.append(module)
-    return found
+    return [
+        child(layer, name, f"{what} module", f"{family.name}: decoder layer {index}")
+        for index, layer in enumerate(decoder_layers(net))
+    ]
 
 
 def attention_modules(model: Any) -> list[nn.Module]:
@@ -268,17 +344,28 @@ def mlp_modules(model: Any) -> list[nn.Module]:
 def attention_outputs(model: Any) -> list[nn.Module]:
     """The output projection of each layer's attention module (the family's ``attention_output``), in layer order."""
     family = family_of(model_of(model))
-    found = []
-    for index, attention in enumerate(attention_modules(model)):
-        module = getattr(attention, family.attention_output, None)
-        if not isinstance(module, nn.Module):
-            raise UnsupportedModelError(
-                f"{family.name}: the attention module of layer {index} ({type(attention).__name__}) has no output "
-                f"projection {family.attention_output!r}; its submodules are "
-                f"{', '.join(n for n, _ in attention.named_children())}"
-            )
-        found.append(module)
-    return found
+    return [
+        child(
+            attention, family.attention_output, "output projection", f"{family.name}: the attention module of layer {i}"
+        )
+        for i, attention in enumerate(attention_modules(model))
+    ]
+
+
+def parallel_blocks(model: Any) -> bool:
+    """Whether the decoder layers of ``model`` feed attention and MLP the same residual stream (the family's ``parallel``)."""
+    net = model_of(model)
+    family = family_of(net)
+    if isinstance(family.parallel, str):
+        return bool(getattr(net.config, family.parallel, False))
+    return family.parallel
+
+
+def rotary_module(model: Any) -> nn.Module | None:
+    """The rotary embedding module of a causal LM (the family's ``rotary``), or None for a family without one."""
+    net = model_of(model)
+    family = family_of(net)
+    return None if family.rotary is None else submodule(net, family.rotary, "rotary embedding", family)
 
 
 def head_counts(config: Any) -> tuple[int, int]:

@@ -24,10 +24,16 @@ Caveats, each one a reason a result can differ from ``lm.logits``:
   engine keeps between its matmuls, so its logits differ by half-precision rounding.
 - Families with learned positions (GPT-2) need :meth:`ForwardInputs.context` around the
   forward; rotary families need nothing, and the context does nothing for them.
+
+:func:`trace` does all of this for nnsight: ``with lm.trace(signals) as tr:`` is nnsight's
+own tracer (``.save()``, edits, ``.output``) over the continuous input, with the model as
+``tr.model`` and each token's padded column as ``tr.columns(j)``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -36,9 +42,10 @@ import torch
 
 from contllm.attention import continuous_positions, model_masks
 from contllm.engine import check_signals
+from contllm.errors import UnsupportedModelError
 from contllm.signal import Signal, SignalBatch, pad_signals
 
-__all__ = ["ForwardInputs", "forward_kwargs"]
+__all__ = ["ForwardInputs", "forward_kwargs", "trace"]
 
 
 class ForwardInputs(Mapping[str, Any]):
@@ -97,3 +104,67 @@ def forward_kwargs(lm: Any, signals: Signal | Sequence[Signal]) -> ForwardInputs
         "position_ids": batch.times.to(device=lm.device, dtype=torch.float32),
     }
     return ForwardInputs(kwargs, batch, lm)
+
+
+#: nnsight's envoy of each model traced so far (nnsight wraps a module's forward once, for good).
+_ENVOYS: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
+_TRACERS: dict[str, type] = {}
+
+
+def _tracer_class() -> type:
+    """nnsight's tracer with the continuous input's batch at hand (built on first use: nnsight is optional)."""
+    if "signals" not in _TRACERS:
+        from nnsight.intervention.tracer import InterleavingTracer
+
+        class SignalTracer(InterleavingTracer):  # type: ignore[misc]
+            """nnsight's tracer over continuous inputs: ``model`` (nnsight's envoy of the model), ``inputs``
+            (the :class:`ForwardInputs`), ``batch`` (the padded batch) and :meth:`columns`."""
+
+            inputs: ForwardInputs
+
+            @property
+            def model(self) -> Any:
+                return self.envoy
+
+            @property
+            def batch(self) -> SignalBatch:
+                return self.inputs.batch
+
+            def columns(self, index: int) -> torch.Tensor:
+                """The padded column of token ``index`` (negative: from each signal's end) in every row: long [batch]."""
+                return self.inputs.columns(index)
+
+        _TRACERS["signals"] = SignalTracer
+    return _TRACERS["signals"]
+
+
+def trace(lm: Any, signals: Signal | Sequence[Signal], *, grad: bool = False, **options: Any) -> Any:
+    """nnsight's tracer over ``signals`` on ``lm.model``: use it as ``with trace(lm, signals) as tr:``.
+
+    Inside the block, ``tr.model`` is nnsight's envoy of the model: read, save and edit any
+    module's ``.input`` and ``.output`` as nnsight allows; ``tr.model.output.logits`` are the
+    logits of the left-padded batch, row b's token j at column ``tr.columns(j)[b]``. The
+    forward gets :func:`forward_kwargs` inside :meth:`ForwardInputs.context` (the caveats
+    above hold), under ``torch.no_grad()`` unless ``grad`` (for nnsight's backward and
+    ``.grad``); options go to nnsight's ``trace``.
+
+    nnsight wraps the forward of every module of the model it traces, for good (inert
+    outside a trace; contllm's own evaluation is unchanged by it): trace a copy of a model
+    others use. UnsupportedModelError when nnsight is not installed.
+    """
+    try:
+        import nnsight
+    except ImportError as err:
+        raise UnsupportedModelError("lm.trace needs nnsight: pip install 'contllm[nnsight]'") from err
+    inputs = forward_kwargs(lm, signals)
+    model = lm.model
+    if model not in _ENVOYS:
+        _ENVOYS[model] = nnsight.NNsight(model)
+
+    def run(**kwargs: Any) -> Any:
+        with inputs.context(), torch.no_grad() if not grad else contextlib.nullcontext():
+            return model(**kwargs)
+
+    tracer = _ENVOYS[model].trace(fn=run, tracer_cls=_tracer_class(), **dict(inputs), **options)
+    tracer.inputs = inputs
+    return tracer

@@ -8,21 +8,23 @@ is never modified outside a call.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from contllm.activations import ActivationCache, run_with_cache
+from contllm.activations import ActivationCache, run_with_cache, run_with_hooks
 from contllm.attention import continuous_positions, model_masks
 from contllm.engine import Context, Engine, Positions, check_signals
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.families import Family, family_of, relative_positions
 from contllm.generation import GENERATE_OPTIONS, Generation, generate
+from contllm.gradients import Gradients, gradients
 from contllm.hooks import cache_keyword, cache_of
-from contllm.interop import ForwardInputs, forward_kwargs
+from contllm.interop import ForwardInputs, forward_kwargs, trace
+from contllm.intervention import HookState, hooks
 from contllm.prefix import SharedKeys, shared_attention
 from contllm.signal import Signal, SignalBatch
 
@@ -48,6 +50,20 @@ def _check_model(model: Any) -> None:
         raise UnsupportedModelError(
             "the model's weights are on the meta device (not loaded); load it on 'cpu' or a GPU, without offloading"
         )
+
+
+@contextmanager
+def frozen(model: torch.nn.Module) -> Iterator[None]:
+    """Record gradients (also under an outer ``no_grad``) with every parameter of ``model`` frozen; restored on exit."""
+    thawed = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in thawed:
+            p.requires_grad_(False)
+        with torch.enable_grad():
+            yield
+    finally:
+        for p in thawed:
+            p.requires_grad_(True)
 
 
 class ContinuousLM:
@@ -109,9 +125,13 @@ class ContinuousLM:
         return f"ContinuousLM({name!r}, family={self.family.name}, dtype={self.dtype}, device={self.device})"
 
     @contextmanager
-    def patched(self) -> Iterator[Any]:
-        """The model, able to take continuous inputs, for as long as the context lasts."""
-        with continuous_positions(self.model, self.family), torch.inference_mode():
+    def patched(self, *, grad: bool = False) -> Iterator[Any]:
+        """The model, able to take continuous inputs, for as long as the context lasts.
+
+        In inference mode; with ``grad``, recording the autograd graph instead, with every
+        parameter frozen (gradients reach the inputs and activations, never the weights).
+        """
+        with continuous_positions(self.model, self.family), frozen(self.model) if grad else torch.inference_mode():
             yield self.model
 
     def signal(self, text: str, *, add_special_tokens: bool = True) -> Signal:
@@ -257,22 +277,87 @@ class ContinuousLM:
             return [torch.softmax(x, dim=-1) for x in out]
         return torch.softmax(out, dim=-1)
 
+    def to_str_tokens(self, signal: Signal | str) -> list[str]:
+        """Each token of ``signal`` (or of the signal of a text) as the tokenizer decodes it alone; ``[embed]`` for a
+        token given only as an embedding. SignalError without a tokenizer."""
+        if isinstance(signal, str):
+            signal = self.signal(signal)
+        if not isinstance(signal, Signal):
+            raise SignalError(f"to_str_tokens takes a Signal or a text, got {type(signal).__name__}")
+        if self.tokenizer is None:
+            raise SignalError("this model has no tokenizer to decode tokens with; see signal.pieces()")
+        if signal.token_ids is None:
+            return ["[embed]"] * len(signal)
+        return [self.tokenizer.decode([int(i)]) for i in signal.token_ids]
+
     def run_with_cache(
         self,
         signals: Signal | Sequence[Signal],
         *,
-        names: str | Sequence[str] | None = None,
+        names: Any = None,
         positions: Positions = "all",
     ) -> ActivationCache:
         """Named activations of one padded forward of ``signals``: :func:`contllm.activations.run_with_cache`.
 
-        names: activation names (``blocks.{i}.hook_resid_post``, ...; None: all);
-        positions: "all", "last", a token index or a list of them. Returns an
-        :class:`~contllm.activations.ActivationCache` (float32 on the CPU, one tensor per
+        names: activation names (``blocks.{i}.hook_resid_post``, ..., :mod:`contllm.hookpoints`),
+        short forms (``("resid_post", 5)``) or predicates; None: all. positions: "all",
+        "last", a token index or a list of them. Returns an
+        :class:`~contllm.activation_cache.ActivationCache` (float32 on the CPU, one tensor per
         signal and name, with each read position's time). The engine's shared prefix is
         not used for this call.
         """
         return run_with_cache(self, signals, names=names, positions=positions)
+
+    def run_with_hooks(
+        self,
+        signals: Signal | Sequence[Signal],
+        *,
+        fwd_hooks: Any = (),
+        bwd_hooks: Any = (),
+        positions: Positions = "last",
+        grad: bool = False,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """Logits of ``signals`` with hook functions for this forward: :func:`contllm.activations.run_with_hooks`.
+
+        fwd_hooks, bwd_hooks: (name or predicate, fn) pairs; ``fn(activation, hook)`` returns
+        a replacement or None, ``hook.name``, ``hook.times`` and ``hook.durations`` describe
+        the point and the padded batch. Returns logits shaped as :meth:`logits` gives them;
+        with bwd_hooks (or ``grad=True``) they carry the autograd graph. Nothing is left on
+        the model afterwards, also when a hook raises.
+        """
+        return run_with_hooks(self, signals, fwd_hooks=fwd_hooks, bwd_hooks=bwd_hooks, positions=positions, grad=grad)
+
+    def hooks(
+        self, signals: Signal | Sequence[Signal], fwd_hooks: Any = (), bwd_hooks: Any = ()
+    ) -> AbstractContextManager[HookState]:
+        """Hook functions for every forward of ``signals`` while the context lasts: :func:`contllm.intervention.hooks`.
+
+        E.g. ``with lm.hooks(signals, [("blocks.3.attn.hook_z", ablate)]): cache = lm.run_with_cache(signals)``.
+        """
+        return hooks(self, signals, fwd_hooks, bwd_hooks)
+
+    def gradients(
+        self,
+        signals: Signal | Sequence[Signal],
+        readout: Callable[[torch.Tensor], torch.Tensor],
+        *,
+        positions: Positions = "last",
+        wrt: Any = ("durations", "embeds"),
+    ) -> Gradients:
+        """Gradients of ``readout(logits)`` by durations, input embeddings and activations: :func:`contllm.gradients.gradients`.
+
+        readout maps the batch's logits ([batch, vocab] at the last position by default) to
+        one value per signal; wrt lists "durations", "embeds" and activation names.
+        """
+        return gradients(self, signals, readout, positions=positions, wrt=wrt)
+
+    def trace(self, signals: Signal | Sequence[Signal], *, grad: bool = False, **options: Any) -> Any:
+        """nnsight's tracer over ``signals``: :func:`contllm.interop.trace` (needs ``contllm[nnsight]``).
+
+        ``with lm.trace(signals) as tr:`` then ``tr.model.model.layers[5].output.save()``,
+        ``tr.model.output.logits``, and ``tr.columns(-1)`` for each row's last token.
+        """
+        return trace(self, signals, grad=grad, **options)
 
     def forward_kwargs(self, signals: Signal | Sequence[Signal]) -> ForwardInputs:
         """Keyword arguments that run ``signals`` through the stock forward: :func:`contllm.interop.forward_kwargs`.

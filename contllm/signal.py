@@ -39,6 +39,9 @@ Span = tuple[int, int]
 #: Time of the integration start; with it, unit durations give times 0, 1, 2, ...
 DEFAULT_START = -1.0
 
+#: Rows ``repr(signal)`` shows in full; a longer signal shows its first and last tokens.
+REPR_ROWS = 48
+
 
 def _as_float_vector(values: Any, name: str) -> torch.Tensor:
     if isinstance(values, (str, bytes)):
@@ -248,6 +251,45 @@ class Signal:
     # ------------------------------------------------------------------ views
     def __len__(self) -> int:
         return int(self.durations.shape[0])
+
+    def pieces(self) -> list[str]:
+        """A label per token: its text (for a signal made from text), ``#id`` for a token id with no text (special
+        tokens), ``[embed]`` for a token given only as an embedding."""
+        out = []
+        for i in range(len(self)):
+            if self._has_text(i):
+                assert self.text is not None and self.offsets is not None
+                a, b = self.offsets[i]
+                out.append(self.text[a:b])
+            elif self.embeds is not None and self.token_ids is None:
+                out.append("[embed]")
+            else:
+                assert self.token_ids is not None
+                out.append(f"#{int(self.token_ids[i])}")
+        return out
+
+    def _has_text(self, i: int) -> bool:
+        return self.text is not None and self.offsets is not None and self.offsets[i][1] > self.offsets[i][0]
+
+    def __repr__(self) -> str:
+        """One row per token: its label (:meth:`pieces`), the start of its interval, its duration and its time."""
+        n = len(self)
+        times, durations = self.times.tolist(), self.durations.tolist()
+        half = REPR_ROWS // 2
+        shown = list(range(n)) if n <= REPR_ROWS else [*range(half), -1, *range(n - half + 1, n)]
+        labels = [repr(p) if self._has_text(i) else p for i, p in enumerate(self.pieces())]
+        width = min(24, max(len(labels[i]) for i in shown if i >= 0))
+        source = "from text" if self.text is not None else "of embeddings" if self.token_ids is None else "of token ids"
+        lines = [f"Signal({n} tokens {source}, times {min(times):g} to {max(times):g})"]
+        lines.append(f"  {'#':>4}  {'token':<{width}}  {'start':>9}  {'duration':>9}  {'time':>9}")
+        for i in shown:
+            if i < 0:
+                lines.append(f"  {'...':>4}")
+                continue
+            label = labels[i] if len(labels[i]) <= width else labels[i][: width - 3] + "..."
+            start = times[i] - durations[i]
+            lines.append(f"  {i:>4}  {label:<{width}}  {start:>9.4g}  {durations[i]:>9.4g}  {times[i]:>9.4g}")
+        return "\n".join(lines)
 
     @property
     def times(self) -> torch.Tensor:

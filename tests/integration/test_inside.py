@@ -49,6 +49,41 @@ def test_a_continuous_input_inside_an_nnsight_trace_gives_contllms_activations_a
     assert float((logits[:, -1] - smollm.logits(signals)).abs().max()) <= 1e-4
 
 
+@pytest.mark.skipif(not HAS_NNSIGHT, reason="nnsight is not installed (pip install 'contllm[nnsight]')")
+def test_lm_trace_reads_and_edits_smollm_under_a_continuous_input(smollm: ContinuousLM) -> None:
+    # lm.trace leaves nnsight's controllers on the model it traces: trace a copy of the shared one.
+    lm = wrap(copy.deepcopy(smollm.model), smollm.tokenizer)
+    base = lm.signal('"apple apple apple apple" contains ')
+    words = base.token_indices([(1, 24)])
+    signals = [base.scale_tokens(words, 0.4), base]
+    with lm.trace(signals) as tr:
+        pattern_input = tr.model.model.layers[3].self_attn.o_proj.input.save()
+        resid = tr.model.model.layers[5].output.save()
+        logits = tr.model.output.logits.save()
+    last = tr.columns(-1)
+    cache = lm.run_with_cache(signals, names=["blocks.3.attn.hook_z", "blocks.5.hook_resid_post"], positions="last")
+    for b in range(len(signals)):
+        z = pattern_input[b, last[b]].view(9, 64)  # 9 heads of width 64
+        assert float((z - cache.rows("blocks.3.attn.hook_z")[b][0]).abs().max()) <= 1e-4
+        assert float((resid[b, last[b]] - cache.rows("blocks.5.hook_resid_post")[b][0]).abs().max()) <= 1e-4
+    assert float((logits[:, -1] - smollm.logits(signals)).abs().max()) <= 1e-4
+    # An edit in the trace equals the same edit as a hook function: zero head 2 of layer 3.
+    with lm.trace(signals) as tr:
+        z = tr.model.model.layers[3].self_attn.o_proj.input
+        tr.model.model.layers[3].self_attn.o_proj.input = torch.cat([z[..., :128], torch.zeros_like(z[..., 128:192]), z[..., 192:]], -1)
+        edited = tr.model.output.logits.save()
+
+    def zero_head(z: torch.Tensor, hook) -> torch.Tensor:
+        z = z.clone()
+        z[:, :, 2] = 0
+        return z
+
+    hooked = lm.run_with_hooks(signals, fwd_hooks=[("blocks.3.attn.hook_z", zero_head)])
+    assert float((edited[:, -1] - hooked).abs().max()) <= 1e-4
+    assert float((edited[:, -1] - logits[:, -1]).abs().max()) > 1e-3
+    assert lm.to_str_tokens(base)[1:5] == ["apple", " apple", " apple", " apple"]
+
+
 def test_patching_lens_and_attention_mass_run_resume_and_report(smollm: ContinuousLM, tmp_path) -> None:
     import json
 
@@ -109,8 +144,8 @@ def smollm3(smollm: ContinuousLM) -> ContinuousLM:
 
 def test_every_head_of_a_layer_patched_is_the_attention_output_patched_on_smollm2(smollm3: ContinuousLM) -> None:
     """SmolLM2's attention (9 query heads on 3 key/value heads, head_dim 64; its first 3 layers) on count-001's
-    prompt: each head's columns of hook_z patched in turn, as the patching experiment builds them, with the
-    run's own values change nothing, and with the c = 1 run's give the c = 1 run's attention output."""
+    prompt: each head of hook_z patched in turn, as the patching experiment builds them, with the run's own
+    values change nothing, and with the c = 1 run's give the c = 1 run's attention output."""
     from contllm.activations import Patch, patch, run_with_cache
     from contllm.experiments.inside import prompt_of
     from contllm.experiments.patching import PatchingConfig
@@ -125,16 +160,15 @@ def test_every_head_of_a_layer_patched_is_the_attention_output_patched_on_smollm
     base = run_with_cache(smollm3, scaled, names=[z, out], positions=tail)
     other = run_with_cache(smollm3, plain, names=[z, out], positions=tail)
     own, theirs = base.rows(z)[0], other.rows(z)[0]
-    width = own.shape[-1] // heads
-    assert own.shape[-1] == heads * width == 576
+    assert own.shape == (len(tail), heads, 64)
     mixed = own.clone()
     for h in range(heads):
-        mixed[:, h * width : (h + 1) * width] = own[:, h * width : (h + 1) * width]
+        mixed[:, h] = own[:, h]
     with patch(smollm3, scaled, Patch(z, tail, mixed)):
         same = run_with_cache(smollm3, scaled, names=[out], positions=tail)
     assert torch.equal(same.logits[0][-1], base.logits[0][-1])
     for h in range(heads):
-        mixed[:, h * width : (h + 1) * width] = theirs[:, h * width : (h + 1) * width]
+        mixed[:, h] = theirs[:, h]
     with patch(smollm3, scaled, Patch(z, tail, mixed)):
         by_heads = run_with_cache(smollm3, scaled, names=[out], positions=tail)
     with patch(smollm3, scaled, Patch(out, tail, other.rows(out)[0])):

@@ -214,10 +214,9 @@ def test_patch_item_with_heads_restores_what_each_head_patched_alone_restores(fa
     cached = run_with_cache(lm, [scaled, plain], names=names, positions=tail)
     want = np.zeros((layers, heads))
     for i, name in enumerate(names):
-        width = cached.rows(name)[0].shape[-1] // heads
         for h in range(heads):
-            mixed = cached.rows(name)[0].clone()
-            mixed[:, h * width : (h + 1) * width] = cached.rows(name)[1][:, h * width : (h + 1) * width]
+            mixed = cached.rows(name)[0].clone()  # [positions, heads, head_dim]
+            mixed[:, h] = cached.rows(name)[1][:, h]
             want[i, h] = (expected_count(lm, scaled, [Patch(name, tail, mixed)]) - e_scaled) / (e_plain - e_scaled)
     assert np.abs(record.heads - want).max() <= 1e-4
     assert np.abs(record.heads).max() > 0.01  # the heads do carry some of the change

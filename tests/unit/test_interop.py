@@ -65,3 +65,37 @@ def test_forward_kwargs_refuses_what_is_not_a_signal() -> None:
         lm.forward_kwargs("some text")
     with pytest.raises(SignalError, match="vocabulary"):
         lm.forward_kwargs(Signal.from_ids(torch.tensor([1, 500])))
+
+
+nnsight = pytest.importorskip("nnsight", reason="pip install 'contllm[nnsight]'")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_lm_trace_is_nnsights_tracer_over_the_continuous_input(family: str) -> None:
+    import copy
+
+    # nnsight wraps every module's forward for good: trace a copy, as the docs advise for a shared model.
+    lm = ContinuousLM(copy.deepcopy(tiny_model(family)))
+    items = signals()
+    before = lm.logits(items)
+    table = lm.family
+    with lm.trace(items) as tr:
+        layers = tr.model.get(table.layers)
+        resid = layers[1].output.save()
+        logits = tr.model.output.logits.save()
+    last = tr.columns(-1)  # the batch's layout, also after the block
+    cache = lm.run_with_cache(items, names="blocks.1.hook_resid_post")
+    for b, s in enumerate(items):
+        columns = tr.columns(0)[b] + torch.arange(len(s))
+        assert float((resid[b, columns] - cache.rows("blocks.1.hook_resid_post")[b]).abs().max()) <= 1e-5
+        assert float((logits[b, columns] - cache.logits[b]).abs().max()) <= 1e-5
+    assert torch.equal(last, tr.batch.pad_left + tr.batch.lengths - 1)
+    assert not logits.requires_grad
+    # An edit inside the trace: zero layer 1's output, as a hook function would.
+    with lm.trace(items) as tr:
+        tr.model.get(table.layers)[1].output[:] = 0
+        edited = tr.model.output.logits.save()
+    hooked = lm.run_with_hooks(items, fwd_hooks=[("blocks.1.hook_resid_post", lambda h, hook: torch.zeros_like(h))])
+    assert float((edited[:, -1] - hooked).abs().max()) <= 1e-5
+    # nnsight's controllers stay on the model, inert: contllm's own evaluation is unchanged.
+    assert torch.equal(lm.logits(items), before)

@@ -120,3 +120,20 @@ def test_errors_are_the_toolkits_own() -> None:
 
     with pytest.raises(ContllmError):
         Signal.from_ids([1], [-1.0])
+
+
+def test_repr_is_a_table_of_tokens_starts_durations_and_times(tokenizer: PreTrainedTokenizerFast) -> None:
+    s = Signal.from_text(tokenizer, "how many red apples")
+    half = s.scale(s.find("red"), 0.5)
+    lines = repr(half).splitlines()
+    assert lines[0] == "Signal(4 tokens from text, times 0 to 2.5)"
+    assert lines[1].split() == ["#", "token", "start", "duration", "time"]
+    assert lines[3].split() == ["1", "'many'", "0", "1", "1"]
+    assert lines[4].split() == ["2", "'red'", "1", "0.5", "1.5"]
+    assert lines[5].split() == ["3", "'apples'", "1.5", "1", "2.5"]
+    assert half.pieces() == ["how", "many", "red", "apples"]
+    assert repr(Signal.from_ids([7, 8])).splitlines()[2].split() == ["0", "#7", "-1", "1", "0"]
+    assert repr(Signal.from_embeds(torch.zeros(2, 3))).splitlines()[3].split()[1] == "[embed]"
+    long = repr(Signal.from_ids(list(range(100)))).splitlines()
+    assert len(long) == 2 + 48 and long[2 + 24].split() == ["..."] and long[-1].split()[0] == "99"
+    assert long[2 + 23].split()[0] == "23" and long[2 + 25].split()[0] == "77"

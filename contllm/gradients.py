@@ -1,0 +1,170 @@
+"""Gradients of a read-out with respect to token durations, input embeddings and hooked activations.
+
+A duration enters the model twice: as the log-duration bias of its key in every attention
+layer, and through the times of the tokens after it (their rotary positions, or the rows
+of a learned position table), since t_i = start + d_1 + ... + d_i. :func:`gradients`
+differentiates through both: d readout / d d_i is what changing token i's duration alone
+does, its own time and every later time moving with it (for a signal with explicit times
+only the bias moves). Input embeddings are those the model's embedding module gives
+(Gemma's scale included); an activation is any name of :mod:`contllm.hookpoints`.
+
+The forward runs once, recording the graph with the model's parameters frozen, and is
+otherwise the forward of ``lm.logits`` (the engine's float32 state for a half-precision
+model, no shared prefix). ``lm.logits`` and the rest of contllm never record a graph.
+Where the model is not differentiable the gradient is one-sided: a key of duration 0 is
+outside attention, so its bias takes no gradient (the times it moves still do), and a
+learned position table is read by linear interpolation, whose slope jumps at integer
+times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from contllm.activations import differentiable_batch, forward_reads, shaped
+from contllm.engine import Positions, check_inputs, check_signals, evaluation, normalize_positions, read_indices
+from contllm.errors import SignalError, UnsupportedModelError
+from contllm.families import rotary_module
+from contllm.hookpoints import point, resolve_names
+from contllm.hooks import output_hook
+from contllm.intervention import Hook, hooks
+from contllm.signal import Signal, pad_signals
+
+__all__ = ["Gradients", "gradients", "rotary_gradients"]
+
+#: What ``wrt`` may name besides activations.
+INPUTS = ("durations", "embeds")
+
+
+@dataclass
+class Gradients:
+    """Gradients of a read-out, one tensor per signal (padding removed).
+
+    values: float32 [batch], the read-out of each signal.
+    durations: float64 [tokens_i] per signal: d value / d duration of each token (empty
+        when not asked for).
+    embeds: float32 [tokens_i, hidden] per signal: d value / d input embedding.
+    activations: {name: one tensor per signal}: [tokens_i, *shape] for per-position points,
+        [heads, tokens_i, tokens_i] for patterns, scores and duration biases.
+    """
+
+    values: torch.Tensor
+    durations: list[torch.Tensor] = field(default_factory=list)
+    embeds: list[torch.Tensor] = field(default_factory=list)
+    activations: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+
+
+@contextmanager
+def rotary_gradients(lm: Any) -> Iterator[None]:
+    """Let gradients reach the position ids through the model's rotary embedding while the context lasts.
+
+    Some transformers releases compute the rotary table under ``torch.no_grad``. Where the
+    table then comes back without a graph while the positions have one, it is recomputed
+    from the module's own inverse frequencies and attention scaling (per layer type where
+    the module keeps one per type) and added as ``table + (recomputed - recomputed.detach())``:
+    the values stay the stock ones bit for bit, the gradient is the recomputation's.
+    UnsupportedModelError when the recomputation does not match the module's output.
+    """
+    module = rotary_module(lm)
+    if module is None:
+        yield
+        return
+
+    def after(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        positions = args[1] if len(args) > 1 else kwargs.get("position_ids")
+        cos, sin = output
+        if cos.requires_grad or not isinstance(positions, torch.Tensor) or not positions.requires_grad:
+            return None
+        kind = args[2] if len(args) > 2 else kwargs.get("layer_type")
+        prefix = f"{kind}_" if kind else ""
+        inv_freq = getattr(module, f"{prefix}inv_freq")
+        scale = float(getattr(module, f"{prefix}attention_scaling", 1.0))
+        freqs = positions[..., None].float() * inv_freq.to(device=positions.device, dtype=torch.float32)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        table = [(angles.cos() * scale).to(cos.dtype), (angles.sin() * scale).to(sin.dtype)]
+        if any(t.shape != o.shape or not torch.allclose(t.detach(), o, atol=1e-4) for t, o in zip(table, output)):
+            raise UnsupportedModelError(
+                f"{type(module).__name__} computes its table without gradients, and not as contllm can recompute it; "
+                "duration gradients need a transformers release whose rotary embedding keeps them"
+            )
+        return tuple(o + (t - t.detach()) for o, t in zip(output, table))
+
+    with output_hook(module, after):
+        yield
+
+
+def gradients(
+    lm: Any,
+    signals: Signal | Sequence[Signal],
+    readout: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    positions: Positions = "last",
+    wrt: str | Sequence[Any] = INPUTS,
+) -> Gradients:
+    """Gradients of ``readout(logits)`` for each signal with respect to durations, embeddings and activations.
+
+    readout: takes the logits of the batch, float32 on the CPU, shaped as ``lm.logits``
+        gives them for ``positions`` with the batch dimension kept ([batch, vocab] for
+        "last" or one index, [batch, k, vocab] for a list), and returns one value per
+        signal ([batch]), e.g. ``lambda logits: logits.softmax(-1)[:, token]``.
+    wrt: "durations", "embeds" and activation names (or short forms, or predicates), one or
+        a list.
+    Returns :class:`Gradients`. Signals do not interact, so each signal's gradients are
+    those of its own value. SignalError for an unknown name, "all" positions, a bad
+    read-out, or a signal ``lm.logits`` would refuse.
+    """
+    items = check_signals(signals, single_ok=True)
+    if normalize_positions(positions) == "all":
+        raise SignalError('gradients read chosen positions: give "last", an index or a list of indices, not "all"')
+    wanted = [wrt] if isinstance(wrt, str) or callable(wrt) else list(wrt)
+    inputs = [w for w in wanted if isinstance(w, str) and w in INPUTS]
+    others = [w for w in wanted if not (isinstance(w, str) and w in INPUTS)]
+    names = resolve_names(lm, others) if others else []
+    if not inputs and not names:
+        raise SignalError(f"wrt names nothing to differentiate by; give {', '.join(INPUTS)} or activation names")
+    reads = read_indices(items, positions)
+    check_inputs(lm, items, reads)
+    graph_batch = differentiable_batch(lm, items, durations="durations" in inputs)
+    batch, durations, embeds = pad_signals(items), graph_batch.durations, graph_batch.embeds
+    assert embeds is not None
+    captured: dict[str, torch.Tensor] = {}
+
+    def keep(h: torch.Tensor, hook: Hook) -> None:
+        captured[hook.name] = h
+
+    with (
+        hooks(lm, items, [(name, keep) for name in names], graph=names) as state,
+        evaluation(lm, grad=True),
+        rotary_gradients(lm),
+    ):
+        logits = shaped(forward_reads(lm, graph_batch, reads), positions)
+        assert isinstance(logits, torch.Tensor)  # not "all" positions
+        values = readout(logits)
+        if not isinstance(values, torch.Tensor) or values.shape != (len(items),):
+            got = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+            raise SignalError(f"readout must return one value per signal, a tensor of shape ({len(items)},); got {got}")
+        state.check_reached()
+        leaves = [t for t, on in ((durations, "durations" in inputs), (embeds, "embeds" in inputs)) if on]
+        found = torch.autograd.grad(values.sum(), [*leaves, *(captured[n] for n in names)], allow_unused=True)
+    grads = dict(zip([*(w for w in INPUTS if w in inputs), *names], found))
+    pads = [int(p) for p in batch.pad_left]
+
+    def rows(name: str, g: torch.Tensor | None, like: torch.Tensor) -> list[torch.Tensor]:
+        g = torch.zeros_like(like) if g is None else g.detach()
+        if name in INPUTS or point(lm, name).axis == "pos":
+            return [g[b, p:].float().cpu() if name != "durations" else g[b, p:].cpu() for b, p in enumerate(pads)]
+        return [g[b][:, p:, p:].float().cpu() for b, p in enumerate(pads)]
+
+    out = Gradients(values.detach().float().cpu())
+    if "durations" in grads:
+        out.durations = rows("durations", grads["durations"], durations)
+    if "embeds" in grads:
+        out.embeds = rows("embeds", grads["embeds"], embeds)
+    out.activations = {n: rows(n, grads[n], captured[n]) for n in names}
+    return out
