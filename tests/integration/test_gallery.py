@@ -42,7 +42,7 @@ SMALL: dict[str, tuple[dict[str, Any], str | None]] = {
     "depth": ({"eps": "1e-2", "alphas": "0,1"}, "1"),
     "pde": ({"times": "0,1", "prompts": "1"}, None),
     "equivalence": ({"per_category": "1", "samples": "3", "max_copies": "3"}, "2"),
-    "attribution": ({"first": "1", "steps": "4"}, None),
+    "attribution": ({"first": "1", "steps": "8"}, None),
     "interpolation": ({"samples": "3"}, "4"),
     "linearity": ({"per_source": "1", "samples": "3"}, None),
     "sums": ({"samples": "3"}, "2"),
@@ -61,17 +61,20 @@ def test_every_registered_experiment_has_a_small_run_here() -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(smollm: ContinuousLM, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return gallery.make_runs(tmp_path_factory.mktemp("gallery"), SMALL, lm=smollm)
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gallery")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(SMALL))
-def test_every_summary_figure_reads_without_the_paper(runs: dict[str, Path], name: str, tmp_path: Path) -> None:
+def test_every_summary_figure_reads_without_the_paper(
+    smollm: ContinuousLM, runs_dir: Path, name: str, tmp_path: Path
+) -> None:
     from contllm import load_run
     from contllm.experiments import figure
     from contllm.plotting import plt
 
+    runs = gallery.make_runs(runs_dir, {name: SMALL[name]}, lm=smollm)
     fig = figure(load_run(runs[name]).result)
     try:
         sentence = check_readable(fig)
