@@ -35,10 +35,17 @@ DURATION_KNOBS = ("factor", "c", "s", "scale", "duration")
 def item_view(record: dict[str, Any], knob: str) -> dict[str, Any] | None:
     """What the page shows of one record (a record's ``to_dict()``), or None for a record without a read-out.
 
-    Returns id, x [S], labels [K], probs [S][K], truth, prompt, tokens (the prompt's
-    length in tokens, where the record keeps its edited positions), span (the edited
-    word, highlighted in the prompt), edited (token positions), edited_tokens (their
-    text) and whether the knob scales the edited tokens' durations.
+    Returns id, x [S], labels [K], probs [S][K], truth (the true label where the record has
+    one throughout), truths [S] (the true label at each value: the truth of a duration sweep
+    everywhere, an interpolation's at its two ends only), expected [S] and expected_name
+    (the expectation of numeric labels, or the yes-share of yes/no; None where the labels
+    have none), expected_truths [S] (the true answer on that scale), proportional [S] (the
+    count that would follow time, n·c, for a count over scaled durations; else None),
+    prompt, tokens (the prompt's length in tokens, where the record keeps its edited
+    positions), span (the edited text, highlighted in the prompt), edited (token positions),
+    edited_tokens (their text), whether the knob scales the edited tokens' durations, and
+    the same prompt fields of an interpolation's far end (prompt_end, tokens_end, span_end,
+    edited_end, edited_tokens_end; None without one).
     """
     labels, x = record.get("labels"), record.get("x")
     if not isinstance(labels, list) or not isinstance(x, list):
@@ -56,21 +63,90 @@ def item_view(record: dict[str, Any], knob: str) -> dict[str, Any] | None:
         return None
     meta = record.get("meta") or {}
     truth = record.get("truth")
+    xs = [float(v) for v in record["x"]]
+    table = [[_finite(p) for p in row] for row in probs]
+    names = [str(v) for v in record["labels"]]
+    scales = knob in DURATION_KNOBS or str(record.get("knob", "")) in DURATION_KNOBS
+    truths = _truths(xs, None if truth is None else str(truth), meta)
+    values, expected_name = _label_values(names)
+    edited_tokens = [str(t) for t in _listed(meta.get("edited_tokens"))]
+    end_tokens = [str(t) for t in _listed(meta.get("edited_tokens_second"))]
     return {
         "id": str(record["item_id"]),
-        "x": [float(v) for v in record["x"]],
-        "labels": [str(v) for v in record["labels"]],
-        "probs": [[_finite(p) for p in row] for row in probs],
+        "x": xs,
+        "labels": names,
+        "probs": table,
         "truth": None if truth is None else str(truth),
+        "truths": truths,
+        "expected": None if values is None else [_expected(row, values) for row in table],
+        "expected_name": expected_name,
+        "expected_truths": None if values is None else [_value_of(t, names, values) for t in truths],
+        "proportional": _proportional(xs, meta) if scales else None,
         "prompt": meta.get("prompt"),
         # "tokens" is the prompt's length where the edited positions are kept (duration sweeps);
         # elsewhere it may count the tokens of an edited span, which the strip cannot place.
-        "tokens": meta.get("tokens") if "edited" in meta else None,
-        "span": meta.get("span") or meta.get("word"),
+        "tokens": meta.get("prompt_tokens") or (meta.get("tokens") if "edited" in meta else None),
+        "span": meta.get("span") or meta.get("word") or "".join(edited_tokens).strip() or None,
         "edited": _positions(meta.get("edited")),
-        "edited_tokens": [str(t) for t in _listed(meta.get("edited_tokens"))],
-        "scales": knob in DURATION_KNOBS or str(record.get("knob", "")) in DURATION_KNOBS,
+        "edited_tokens": edited_tokens,
+        "scales": scales,
+        "prompt_end": meta.get("prompt_second"),
+        "tokens_end": meta.get("prompt_tokens_second"),
+        "span_end": "".join(end_tokens).strip() or None,
+        "edited_end": _positions(meta.get("edited_second")),
+        "edited_tokens_end": end_tokens,
     }
+
+
+def _truths(x: list[float], truth: str | None, meta: dict[str, Any]) -> list[str | None]:
+    """The true label at each value of the knob: an interpolation's (meta truth_first and truth_second) at alpha 0
+    and 1 only, a duration sweep's ``truth`` everywhere (as :meth:`contllm.experiments.sweeps.Sweep.truth_at`)."""
+    first, second = meta.get("truth_first"), meta.get("truth_second")
+    if first is None and second is None:
+        return [truth] * len(x)
+    ends = {0.0: first, 1.0: second}
+    return [None if ends.get(v) is None else str(ends[v]) for v in x]
+
+
+def _label_values(labels: list[str]) -> tuple[list[float | None] | None, str | None]:
+    """The value of each label for an expectation, and its name: numbers as themselves (0 and 1 alone give the share
+    of 1), yes as 1 and no as 0; (None, None) for labels with no two values."""
+    values: list[float | None] = []
+    for label in labels:
+        number: float | None
+        try:
+            number = float(label)
+        except ValueError:
+            number = {"yes": 1.0, "no": 0.0}.get(label.strip().lower())
+        values.append(number if number is not None and math.isfinite(number) else None)
+    known = {v for v in values if v is not None}
+    if len(known) < 2:
+        return None, None
+    if known == {0.0, 1.0} and any(label.strip().lower() == "yes" for label in labels):
+        return values, "P(yes) / (P(yes) + P(no))"
+    if known == {0.0, 1.0}:
+        return values, "P(1) / (P(0) + P(1))"
+    return values, "E[k], the labels weighted by their probabilities"
+
+
+def _expected(row: list[float | None], values: list[float | None]) -> float | None:
+    pairs = [(p, v) for p, v in zip(row, values) if v is not None]
+    if any(p is None for p, _ in pairs):
+        return None
+    mass = sum(p for p, _ in pairs if p is not None)
+    return sum(p * v for p, v in pairs if p is not None) / mass if mass > 0 else None
+
+
+def _value_of(label: str | None, labels: list[str], values: list[float | None]) -> float | None:
+    return values[labels.index(label)] if label in labels else None
+
+
+def _proportional(x: list[float], meta: dict[str, Any]) -> list[float] | None:
+    """The count if the model counted time: n·c, or n − 1 + c where a single event is scaled; None without n."""
+    n = meta.get("n")
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
+        return None
+    return [n - 1 + c if meta.get("event") else n * c for c in x]
 
 
 def _listed(value: Any) -> list[Any] | tuple[Any, ...]:
@@ -109,7 +185,29 @@ def explorer_data(runs: Sequence[tuple[str, Any]]) -> dict[str, Any] | None:
     if not out:
         return None
     experiment = getattr(runs[0][1], "experiment", "") or ""
-    return {"experiment": experiment, "knob": knob or "x", "runs": out}
+    return {"experiment": experiment, "knob": knob or "x", "about": about(experiment), "runs": out}
+
+
+#: What every page shows, whatever the experiment (after the experiment's own paragraph).
+PAGE_PARTS = (
+    "Pick an item and drag the slider: the bars give the read-out at the slider (the true answer green, where there "
+    "is one), the curves each label's probability along the knob, and the plot below them the expected value of the "
+    "read-out. The token strip draws each token of the prompt as wide as it lasts at the slider."
+)
+
+
+def about(experiment: str) -> str:
+    """The page's "what you are looking at": the experiment's :attr:`~contllm.experiments.base.Experiment.explorer_text`
+    (or its one-line help), then :data:`PAGE_PARTS`; the parts alone for an experiment that is not registered."""
+    from contllm import registry
+    from contllm.errors import ContllmError
+
+    try:
+        declared = registry.get(experiment)
+    except ContllmError:
+        return PAGE_PARTS
+    text = declared.explorer_text or declared.help
+    return f"{text} {PAGE_PARTS}" if text else PAGE_PARTS
 
 
 def _asset(name: str) -> str:
@@ -159,9 +257,11 @@ class Exploration:
         )
         signal = self.signals[k]
         durations = [float(d) for d in signal.durations]
+        # Each box exactly as wide as its token lasts (14 px a step); the line between boxes takes no room.
         boxes = "".join(
-            f'<span title="token {i}, duration {d:g}" style="display:inline-block;height:14px;margin-right:1px;'
-            f'width:{max(2.0, 14 * d):.1f}px;background:{"#ffd27a" if abs(d - 1) > 1e-12 else "#dde4f0"}"></span>'
+            f'<span title="token {i}, duration {d:g}" style="display:inline-block;height:14px;'
+            f"box-shadow:inset -1px 0 0 #fff;{'outline:1px solid #d04a4a;' if d == 0 else ''}"
+            f'width:{14 * d:.1f}px;background:{"#ffd27a" if abs(d - 1) > 1e-12 else "#dde4f0"}"></span>'
             for i, d in enumerate(durations)
         )
         return f"<div>{rows}</div><div style='margin-top:6px;white-space:nowrap;overflow-x:auto'>{boxes}</div>"

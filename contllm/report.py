@@ -11,11 +11,14 @@ The headline numbers are recomputed from results.json by the experiment's own su
 so runs made by different versions are compared by the same definitions. Rows are
 ordered best first by the experiment's first declared metric
 (:class:`~contllm.experiments.base.Metric`, higher or lower is better), and the Markdown
-ranks the runs by each declared metric. Only runs of one experiment can be compared.
+ranks the runs by each declared metric. Only runs of one experiment can be compared, and
+runs over different items are compared on the items they share, with a warning
+(:func:`shared_items`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections import Counter
@@ -27,6 +30,7 @@ from typing import Any
 from contllm import registry
 from contllm.errors import ContllmError, RunDirectoryError
 from contllm.files import atomic_write_text, csv_text, parse_json
+from contllm.logs import LOGGER
 from contllm.runs import CONFIG, MANIFEST
 from contllm.settings import DEFAULT_FORMATS
 
@@ -167,6 +171,36 @@ def load_runs(run_dirs: Sequence[str | Path]) -> list[Run]:
     return runs
 
 
+def _record_ids(run: Run) -> list[str] | None:
+    """The item ids of a run's records, in order; None where its records carry none (pde's points)."""
+    records = getattr(run.result, "records", None)
+    if not records or not dataclasses.is_dataclass(run.result):
+        return None
+    ids = [getattr(r, "item_id", None) or getattr(r, "id", None) for r in records]
+    return ids if all(isinstance(i, str) for i in ids) else None  # type: ignore[return-value]
+
+
+def shared_items(runs: Sequence[Run]) -> tuple[list[Run], str | None]:
+    """The runs as given when they hold the same items; otherwise each cut down to the items all of them hold (in the
+    first run's order, summaries recomputed) and a line saying so. RunDirectoryError when they share no item."""
+    ids = [_record_ids(r) for r in runs]
+    if len(runs) < 2 or any(i is None for i in ids) or len({frozenset(i or ()) for i in ids}) == 1:
+        return list(runs), None
+    common = [i for i in ids[0] or () if all(i in (other or ()) for other in ids[1:])]
+    held = ", ".join(f"{r.label or r.path} {len(i or ())}" for r, i in zip(runs, ids))
+    if not common:
+        raise RunDirectoryError(f"the runs share no item ({held} items); compare runs of the same items")
+    experiment = registry.get(runs[0].experiment)
+    kept = set(common)
+    cut = []
+    for r in runs:
+        result = dataclasses.replace(
+            r.result, records=[x for x, i in zip(r.result.records, _record_ids(r) or ()) if i in kept]
+        )
+        cut.append(dataclasses.replace(r, result=result, summary=experiment.summary(result)))
+    return cut, f"the runs hold different items ({held}); every number here is over the {len(common)} items they share"
+
+
 def _label(runs: list[Run]) -> None:
     """Legend labels: the model name, with the run directory added where models repeat."""
     models = Counter(r.model for r in runs)
@@ -254,8 +288,8 @@ def _cell(value: Any, *, markdown: bool) -> str:
     return text.replace("|", "\\|") if markdown else text
 
 
-def markdown(runs: Sequence[Run], *, figure: bool = True) -> str:
-    """The Markdown report: a table of the runs, what its numbers mean, and the figure."""
+def markdown(runs: Sequence[Run], *, figure: bool = True, note: str | None = None) -> str:
+    """The Markdown report: a table of the runs, what its numbers mean, and the figure (``note``: a warning above them)."""
     columns, rows = table(runs)
     experiment = runs[0].experiment
     models = ", ".join(dict.fromkeys(r.model for r in runs))
@@ -264,6 +298,7 @@ def markdown(runs: Sequence[Run], *, figure: bool = True) -> str:
         "",
         f"{len(runs)} run(s) of the {experiment} experiment; numbers recomputed from each run's results.json.",
         "",
+        *([f"**Note:** {note}.", ""] if note else []),
         "| " + " | ".join(columns) + " |",
         "|" + "|".join("---" if k < 4 or columns[k] == "dtype" else "---:" for k in range(len(columns))) + "|",
     ]
@@ -310,6 +345,8 @@ def _check_out(out: Path, run_paths: Sequence[Path], force: bool) -> None:
 def write_report(run_dirs: Sequence[str | Path], out: str | Path, *, force: bool = False) -> list[Path]:
     """Compare finished runs of one experiment: summary.md, summary.csv and comparison.png/.pdf in ``out``.
 
+    Runs that hold different items are compared on the items they share (:func:`shared_items`),
+    with a warning on the ``contllm`` logger and in summary.md.
     run_dirs: directories written by ``contllm run``. out: created if needed; when it already
     holds files, only ``force`` lets the report's own files there be replaced (nothing is
     deleted). Everything is read and checked before anything is written. The comparison
@@ -319,9 +356,12 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, *, force: bool
     out = _run_path(out, "the report's directory (out)")
     runs = load_runs(run_dirs)
     _check_out(out, [r.path for r in runs], force)
+    runs, warning = shared_items(runs)
+    if warning:
+        LOGGER.warning(f"warning: {warning}")
     experiment = registry.get(runs[0].experiment)
     fig = experiment.comparison([(r.label, r.result) for r in runs])
-    md, csv = markdown(runs, figure=fig is not None), summary_csv(runs)
+    md, csv = markdown(runs, figure=fig is not None, note=warning), summary_csv(runs)
     out.mkdir(parents=True, exist_ok=True)
     paths = [atomic_write_text(out / "summary.md", md), atomic_write_text(out / "summary.csv", csv)]
     if fig is not None:

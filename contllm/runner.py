@@ -80,7 +80,7 @@ def run_experiment(
     items: str | int | None = None,
     skip: Mapping[str, Any] | None = None,
     on_record: Callable[[str, Any], None] | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | bool | None = None,
     context: RunContext | None = None,
     **context_options: Any,
 ) -> Any:
@@ -91,18 +91,39 @@ def run_experiment(
     config: the experiment's config dataclass (None: defaults). items: the first N items
     or comma-separated ids (None: all). skip: records already computed, by item id
     (reused). on_record: called with (item id, record) after each new record. progress:
-    called with (items done, items total). context: the run's :class:`RunContext`; without
-    it one is made by :func:`context_for` from ``context_options`` (evaluate, seed, say,
-    model_name, max_batch_tokens, group_bytes).
+    True draws a progress bar over the items, False none; None (the default) draws one in
+    a Jupyter notebook and none elsewhere; a function is called with (items done, items
+    total) instead. context: the run's :class:`RunContext`; without it one is made by
+    :func:`context_for` from ``context_options`` (evaluate, seed, say, model_name,
+    max_batch_tokens, group_bytes).
     """
     experiment = registry.get(name)
     config = experiment.check_config(config if config is not None else experiment.config())
     chosen = select_items(experiment.items(config), items)
     skip = dict(skip or {})
     context = context or context_for(lm, **context_options)
-    fresh = compute_records(lm, experiment, config, chosen, context, skip=skip, on_record=on_record, progress=progress)
+    if progress is None:
+        progress = in_notebook()
+    if progress is True:
+        return _with_progress(
+            name,
+            True,
+            lambda tick: run_experiment(
+                lm, name, config, items=items, skip=skip, on_record=on_record, progress=tick, context=context
+            ),
+        )
+    tick = progress if callable(progress) else None
+    fresh = compute_records(lm, experiment, config, chosen, context, skip=skip, on_record=on_record, progress=tick)
     records = [skip[item.id] if item.id in skip else fresh[item.id] for item in chosen]
     return experiment.result(context.model_name, config, records)
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (where a progress bar is drawn in the cell's output by default)."""
+    import sys
+
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def compute_records(
@@ -270,14 +291,11 @@ def run(
 
 
 def load_for_run(model: str, *, device: str, dtype: str | None, say: Say, **options: Any) -> Any:
-    """Load ``model`` for a run without transformers' own progress bars; ``say`` gets the load time."""
+    """Load ``model`` for a run (quietly: :func:`contllm.models.load.quiet_loading`); ``say`` gets the load time."""
     import time
-
-    from transformers.utils import logging as hf_logging
 
     from contllm import load
 
-    hf_logging.disable_progress_bar()  # the run's own progress is the one to watch
     started = time.perf_counter()
     lm = load(model, device=device, dtype=dtype, **options)
     say(f"loaded {lm!r} in {time.perf_counter() - started:.1f} s")
@@ -379,7 +397,7 @@ class _Execution:
                 items=plan.settings.items,
                 skip=skip,
                 on_record=self.keep,
-                progress=tick,
+                progress=tick or False,
                 context=self.context,
             ),
         )

@@ -156,23 +156,47 @@ token for its attribution, occlusion (deleted alone) and shrink (halved alone).<
 """
 
 
-def summary_figure(result: Any) -> Any:
-    """Mean precision@k of the three measures against chance, and each item's completeness error."""
-    from contllm.plotting import plt
+def attribution_finding(precision: float, chance: float) -> tuple[str, str]:
+    """The sentence an attribution summary opens with: the mean share of the top-|attribution| tokens that lie in the
+    scaled span (precision@k) against chance; 0.2 above chance reads as "points at", 0.05 as "more often than chance"."""
+    detail = (
+        f"{precision:.0%} of the k most attributed tokens lie in the scaled span (chance {chance:.0%}; k: its tokens)"
+    )
+    from contllm.plotting import worded
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    ladder = [
+        (chance + 0.2, "Integrated gradients point at the scaled words"),
+        (chance + 0.05, "Integrated gradients find the scaled words more often than chance"),
+    ]
+    below = "Integrated gradients do no better than chance at finding the scaled words"
+    return worded(precision, ladder, below, "Where integrated gradients along the durations point"), detail
+
+
+def summary_figure(result: Any) -> Any:
+    """First, the finding: the mean precision@k of the three measures against chance; then each item's completeness
+    error (how exactly the attributions add up to the change of the read-out)."""
+    from contllm.plotting import finding, heading, legend_outside, plt
+
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(14, 4.8), constrained_layout=True, gridspec_kw={"width_ratios": [1.5, 1]}
+    )
     measures = ("attribution", "occlusion", "shrink")
     means = [np.nanmean([r.precision(getattr(r, m)) for r in result.items]) for m in measures]
     chance = float(np.mean([r.chance() for r in result.items]))
-    left.bar(measures, means, color=["tab:red", "tab:gray", "tab:blue"])
-    left.axhline(chance, ls="--", color="k", lw=1, label=f"chance {chance:.2f}")
+    names = ["integrated gradients\n(attribution)", "leaving a token out\n(occlusion)", "shrinking a token\n(shrink)"]
+    left.bar(names, means, color=["tab:red", "tab:gray", "tab:blue"])
+    left.axhline(chance, ls="--", color="k", lw=1, label=f"chance: {chance:.2f}")
     left.set_ylim(0, 1)
-    left.set_ylabel("mean precision@k (top-|value| tokens in the span)")
-    left.legend(fontsize=8)
+    left.set_ylabel("share of the top-|value| tokens\nin the scaled span (mean precision@k)")
+    finding(left, *attribution_finding(float(means[0]), chance))
+    legend_outside(left)
     errors = [max(r.completeness_error, 1e-16) for r in result.items]
     right.semilogy(range(len(errors)), errors, "o", color="tab:red")
     right.set_xticks(range(len(errors)), [r.item_id for r in result.items], rotation=60, fontsize=7)
     right.set_ylabel("relative completeness error")
+    right.set_title(
+        "How exactly the attributions add up to the change\n(relative error, lower is better)", loc="left", fontsize=9
+    )
     right.grid(alpha=0.3)
-    fig.suptitle(f"{result.model} · attribution · {len(result.items)} items", fontsize=11)
+    heading(fig, result.model, "attribution", len(result.items))
     return fig

@@ -16,8 +16,9 @@ from contllm.depth.result import DepthResult
 from contllm.errors import ExperimentError
 from contllm.files import data_name
 
-#: The figures of a run, in order; "readout" (one per prompt) comes after them.
-FIGURES = ("profile", "lipschitz", "propagation", "alpha", "half_steps")
+#: The figures of a run, in order ("summary" first: what ``contllm.experiments.figure`` shows); "readout" (one per
+#: prompt) comes after them.
+FIGURES = ("summary", "profile", "lipschitz", "propagation", "alpha", "half_steps")
 
 
 def _pyplot() -> Any:
@@ -44,6 +45,55 @@ def _finished(fig: Any, axes: Any, result: DepthResult, xlabel: str, what: str) 
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(_title(result, what), fontsize=11)
+    return fig
+
+
+def depth_finding(result: DepthResult) -> tuple[str, str]:
+    """The sentence a depth summary opens with: the median step ||f_l|| / ||h_l|| over layers and tokens, and the
+    median defect of two half steps against one full step; a step under 0.3 reads as small, and a defect under 0.3 of
+    the update as a step that splits like a flow's."""
+    summary = result.summary()
+    step, defect = summary["step_ratio_median"], summary["half_step_defect_median"]
+    detail = (
+        f"median step: {step:.2f} of the state's size; two half steps differ from one full step by {defect:.2f} "
+        f"of the update (medians over layers, {len(result.records)} prompts)"
+    )
+    if step < 0.3 and defect < 0.3:
+        return (
+            "Each layer nudges the state by a small step that splits like a flow's: the stack reads as an ODE",
+            detail,
+        )
+    if step < 0.3:
+        return "Each layer nudges the state by a small step, but half steps do not add up to a full one", detail
+    return "Layers change the state by large steps: the stack is far from a smooth flow", detail
+
+
+def _summary_figure(result: DepthResult) -> Any:
+    from contllm.plotting import finding, heading, legend_outside, plt
+
+    q = result.profile_quantiles()
+    half = result.half_table()
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5), constrained_layout=True, gridspec_kw={"width_ratios": [1.4, 1, 1]})
+    layers = np.arange(result.n_layers)
+    _band(axes[0], layers, q["ratio"], "C0", "median over tokens\n(bands: 25-75 %, 5-95 %)")
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("step size ||f_l(h_l)|| / ||h_l||")
+    finding(axes[0], *depth_finding(result))
+    _band(axes[1], layers[:-1], q["curvature"], "C1", "median over tokens")
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("||f_{l+1} - f_l|| / ||f_l||")
+    axes[1].set_title("How much the update changes from one layer to the next", loc="left", fontsize=9)
+    axes[2].plot(layers, half["defect"], "k-o", ms=3, lw=2, label="mean over prompts")
+    axes[2].set_yscale("log")
+    axes[2].set_ylabel("||two half steps - one step|| / ||f_l(h)||")
+    axes[2].set_title(
+        "Each layer split into two half steps,\nagainst the layer's one full step", loc="left", fontsize=9
+    )
+    for ax in axes:
+        ax.set_xlabel("layer l")
+        ax.grid(alpha=0.3)
+        legend_outside(ax)
+    heading(fig, result.model, "depth", len(result.records), "prompts")
     return fig
 
 
@@ -244,6 +294,7 @@ def _readout_figure(result: DepthResult, prompt: str) -> Any:
 
 
 _FIGURES: dict[str, Callable[[DepthResult], Any]] = {
+    "summary": _summary_figure,
     "profile": _profile_figure,
     "lipschitz": _lipschitz_figure,
     "propagation": _propagation_figure,
@@ -252,8 +303,8 @@ _FIGURES: dict[str, Callable[[DepthResult], Any]] = {
 }
 
 
-def depth_figure(result: DepthResult, name: str = "profile", prompt: str | None = None) -> Any:
-    """One figure: "profile", "lipschitz", "propagation", "alpha", "half_steps", or
+def depth_figure(result: DepthResult, name: str = "summary", prompt: str | None = None) -> Any:
+    """One figure: "summary", "profile", "lipschitz", "propagation", "alpha", "half_steps", or
     "readout" (the read-out distribution along alpha of one prompt; prompt: its id, None: the first)."""
     if name == "readout":
         return _readout_figure(result, prompt or result.records[0].id)

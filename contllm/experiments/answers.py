@@ -104,55 +104,124 @@ def _mean_share(sweeps: Sequence[Sweep]) -> tuple[np.ndarray, np.ndarray, int]:
     return x, np.nanmean([yes_share(s) for s in same], axis=0), len(same)
 
 
+def interpolation_finding(sweeps: Sequence[Sweep]) -> tuple[str, str]:
+    """The sentence a word-interpolation summary opens with, and the number behind it.
+
+    The move is how far the yes-share goes toward the second word's answer from alpha 0 to
+    alpha 1, over the questions true for one word only (groups first and second), mean:
+    0.3 or more reads as "crosses over", from 0.1 as "moves a little", less as "barely moves".
+    """
+    moves = []
+    for s in sweeps:
+        group = s.meta.get("group")
+        if group in ("first", "second") and np.isclose(s.x, 0).any() and np.isclose(s.x, 1).any():
+            share = yes_share(s)
+            change = share[int(np.argmin(np.abs(s.x - 1)))] - share[int(np.argmin(np.abs(s.x)))]
+            moves.append(change if group == "second" else -change)
+    move = float(np.nanmean(moves)) if moves else float("nan")
+    detail = (
+        f"where one word only makes the answer yes, P(yes) / (P(yes) + P(no)) moves {move:+.2f} toward the second "
+        f"word's answer (mean over {len(moves)} questions)"
+    )
+    from contllm.plotting import worded
+
+    ladder = [
+        (0.3, "The answer moves with the word: questions true for one word only cross over"),
+        (0.1, "The answer moves a little as one word turns into the other"),
+    ]
+    below = "The answer barely moves as one word turns into the other"
+    return worded(move, ladder, below, "The answer along the path from one word to the other"), detail
+
+
+#: Each question group's colour and what its answers are, in plain words.
+GROUP_STYLE = {
+    "both": ("tab:green", "yes for both words"),
+    "neither": ("tab:red", "no for both words"),
+    "first": ("tab:blue", "yes for the first word only"),
+    "second": ("tab:purple", "yes for the second word only"),
+    "unknown": ("0.4", "answers unknown"),
+}
+
+
+def _ring_answers(ax: Any, group: str, color: Any) -> None:
+    """The correct yes-share at both ends of a group's questions (1 for yes, 0 for no), ringed."""
+    answers = ANSWERS.get(group)
+    if answers is None:
+        return
+    for x, yes in zip((0.0, 1.0), answers):
+        ax.plot([x], [1.0 if yes else 0.0], "o", ms=9, mfc="none", mec=color, mew=1.8, clip_on=False)
+
+
 def summary_figure(result: ExperimentResult) -> Any:
-    """One panel per question group: every item's yes-share against alpha (thin) and their mean (thick)."""
-    from contllm.plotting import plt
+    """Word interpolation across items. First, the finding: the mean yes-share against alpha per question group, the
+    correct answers ringed at both ends; then one panel per group (every item thin, the mean thick); last, the paper's
+    measures: how far the answers stray beyond their ends (variation) and how steeply they change (Lipschitz)."""
+    from contllm.experiments.figures import finding_layout
+    from contllm.plotting import finding, heading, legend_outside, paper_title
 
     groups = _groups(result.records)
-    fig, axes = plt.subplots(
-        1, len(groups) + 1, figsize=(3.9 * (len(groups) + 1), 3.6), squeeze=False, constrained_layout=True
-    )
-    variation_histogram(axes.flat[-1], result.records)
-    for ax, (group, sweeps) in zip(axes.flat, groups.items()):
-        for s in sweeps:
-            ax.plot(s.x, yes_share(s), "-", color="tab:blue", lw=0.7, alpha=0.35)
+    fig, first, rest = finding_layout(len(groups) + 2)
+    for group, sweeps in groups.items():
+        color, what = GROUP_STYLE[group]
         x, mean, n = _mean_share(sweeps)
-        ax.plot(x, mean, "-", color="black", lw=2.4, label=f"mean of {n}")
-        ax.axhline(0.5, color="0.5", ls=":", lw=1)
-        answers = ANSWERS.get(group)
-        title = f"{group}: " + (
-            "answers unknown"
-            if answers is None
-            else f"yes for {'first' if answers[0] else '-'}/{'second' if answers[1] else '-'}"
-        )
-        ax.set(
-            title=title, xlabel="alpha (first word -> second)", ylabel="P(yes) / (P(yes) + P(no))", ylim=(-0.02, 1.02)
-        )
-        ax.title.set_fontsize(9)
+        first.plot(x, mean, "-", color=color, lw=2.2, label=f"{what} ({n})")
+        _ring_answers(first, group, color)
+    first.plot([], [], "o", ms=9, mfc="none", mec="0.3", mew=1.8, label="ringed: the correct answer")
+    finding(first, *interpolation_finding(result.records))
+    first.set(
+        xlabel="alpha: first word (0) → second word (1)", ylabel="P(yes) / (P(yes) + P(no)), mean", ylim=(-0.05, 1.05)
+    )
+    first.grid(alpha=0.3)
+    legend_outside(first, title="questions")
+    for ax, (group, sweeps) in zip(rest, groups.items()):
+        color, what = GROUP_STYLE[group]
+        for s in sweeps:
+            ax.plot(s.x, yes_share(s), "-", color=color, lw=0.7, alpha=0.35)
+        x, mean, n = _mean_share(sweeps)
+        ax.plot(x, mean, "-", color="black", lw=2.4)
+        _ring_answers(ax, group, "black")
+        ax.set(xlabel="alpha", ylabel="P(yes) / (P(yes) + P(no))", ylim=(-0.05, 1.05))
+        ax.set_title(f"{what[0].upper()}{what[1:]} ({n}; mean black)", loc="left", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{result.model} · word interpolation · {len(result.records)} items", fontsize=12)
+    variation_histogram(rest[-2], result.records)
+    lipschitz_panel(rest[-1], result.records)
+    paper_title(rest[-2], "How far P(yes) or P(no) strays beyond its two ends", "variation")
+    paper_title(rest[-1], "Steepest change along alpha, over the curve's range", "Lipschitz estimate")
+    heading(fig, result.model, "word interpolation", len(result.records))
     return fig
 
 
 def variation_histogram(ax: Any, sweeps: Sequence[Sweep]) -> None:
     """The paper's variation figure on ``ax``: a histogram of each item's :func:`variation`, the 0.05 level marked."""
+    from contllm.plotting import legend_outside
+
     values = np.array([variation(s) for s in sweeps])
     ax.hist(values, bins=10, range=(0.0, max(0.1, float(values.max()))), color="tab:blue", alpha=0.8)
-    ax.axvline(VARIATION_LEVEL, color="tab:red", ls="--", lw=1)
     share = float(np.mean(values >= VARIATION_LEVEL))
-    ax.set(
-        xlabel="variation beyond the ends' range",
-        ylabel="items",
-        title=f"variation: {share:.0%} of {len(values)} items >= {VARIATION_LEVEL}",
-    )
-    ax.title.set_fontsize(9)
+    ax.axvline(VARIATION_LEVEL, color="tab:red", ls="--", lw=1, label=f"{VARIATION_LEVEL}: {share:.0%} of items beyond")
+    ax.set(xlabel="largest step beyond the ends' range", ylabel="items")
     ax.grid(alpha=0.3)
+    legend_outside(ax)
+
+
+def lipschitz_panel(ax: Any, sweeps: Sequence[Sweep]) -> None:
+    """The paper's Lipschitz estimates on ``ax``: the mean per question group (neither, one word, both) and answer."""
+    from contllm.plotting import legend_outside
+
+    table = lipschitz_breakdown(sweeps).get("lipschitz_by_group_and_answer", {})
+    groups = [g for g in ("neither", "one", "both") if g in table]
+    for k, (answer, color) in enumerate((("yes", "tab:green"), ("no", "tab:red"))):
+        values = [table[g].get(answer, np.nan) for g in groups]
+        ax.bar(np.arange(len(groups)) - 0.2 + 0.4 * k, values, 0.4, color=color, label=f"P({answer})")
+    ax.set_xticks(range(len(groups)), ["one word" if g == "one" else g for g in groups])
+    ax.set(xlabel="questions true for", ylabel="largest |dP/dalpha| / range, mean")
+    ax.grid(alpha=0.3, axis="y")
+    legend_outside(ax)
 
 
 def comparison_figure(runs: Sequence[tuple[str, ExperimentResult, dict[str, Any]]]) -> Any:
     """Runs side by side: the mean yes-share per group against alpha, and the accuracy at both ends."""
-    from contllm.plotting import plt
+    from contllm.plotting import label_bars, plt
 
     fig, (curves, bars) = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
     colors = plt.get_cmap("tab10")
@@ -176,14 +245,7 @@ def comparison_figure(runs: Sequence[tuple[str, ExperimentResult, dict[str, Any]
         values = [summary.get(key) for key in keys]
         offset = positions - 0.4 + width * (k + 0.5)
         bars.bar(offset, [np.nan if v is None else v for v in values], width, color=colors(k % 10), label=label)
-        for xpos, v in zip(offset, values):
-            bars.annotate(
-                "n/a" if v is None else f"{v:.2f}",
-                (xpos, 0 if v is None or not np.isfinite(v) else v),
-                ha="center",
-                va="bottom",
-                fontsize=7,
-            )
+        label_bars(bars, [np.nan if v is None else v for v in values], positions=offset)
     bars.set_xticks(positions, ["accuracy at alpha 0", "accuracy at alpha 1", "first/second questions\ncrossing over"])
     bars.set(ylim=(0, 1.3), yticks=np.linspace(0, 1, 6), title="accuracy at the ends and crossover share")
     bars.legend(fontsize=7, loc="upper center", ncol=min(len(runs), 3))

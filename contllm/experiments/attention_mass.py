@@ -100,6 +100,9 @@ class AttentionMassExperiment(SweepInsideExperiment[MassRecord, MassResult]):
         """
     )
 
+    def figure_options(self) -> dict[str, Any]:
+        return {"follows": FOLLOWS, "compensates": COMPENSATES}
+
     def run_item(self, lm: Any, config: SweepInsideConfig, item: Any, context: RunContext) -> MassRecord:
         return mass_item(lm, item.id, prompt_of(lm, item, config), config.factors())
 

@@ -162,6 +162,9 @@ class Experiment(Generic[RecordT, ResultT]):
             ``accelerate launch`` can share them.
         unit: what one record is called in messages ("item", "prompt", "point").
         metrics: the :class:`Metric` of each headline number :meth:`summary` reports.
+        explorer_text: a paragraph for its ``explorer.html``, "what you are looking at":
+            what an item is, what the slider moves and what the bars, curves and token
+            strip show (empty: the page says :attr:`help`).
         result_type: the :class:`Records` subclass of its result; with it, :meth:`decode`,
             :meth:`result` and :meth:`load_result` need no code of their own.
 
@@ -179,6 +182,7 @@ class Experiment(Generic[RecordT, ResultT]):
     unit: ClassVar[str] = "item"
     result_type: ClassVar[type[Records[Any]] | None] = None
     metrics: ClassVar[tuple[Metric, ...]] = ()
+    explorer_text: ClassVar[str] = ""
 
     # ------------------------------------------------------------------ configuration
     def config(self, given: Mapping[str, Any] | None = None) -> Any:

@@ -163,6 +163,13 @@ class BooleanExperiment(AlphaSweepExperiment):
         """
     )
     help = "A Boolean operator interpolated into another in embedding space; 0/1 and false/true read out."
+    explorer_text = (
+        "Each item asks for the truth value of a statement such as 1 AND 0. The slider is alpha: the operator's "
+        "embedding moves from the first operator (alpha = 0) into the second (alpha = 1), and at the far end the "
+        "prompt shown is the second operator's. The bars are the probabilities of 0, 1, false and true, the correct "
+        "answer green at each end (between them a blend of two operators has no truth value); below the curves, "
+        "P(1) / (P(0) + P(1)) with the correct answers ringed."
+    )
     description = (
         'The operator of "What is the truth value of 1 AND 0?" is interpolated into another operator '
         "(every unordered pair of AND, OR, XOR, NAND, NOR, XNOR, IMPLIES, or --operators) for every input "

@@ -110,6 +110,13 @@ def plan_item(lm: ContinuousLM, item: CountingItem, config: CountingConfig) -> S
 class CountingExperiment(CountingSweepExperiment):
     name = "counting"
     help = "A word repeated n times, its occurrences' durations scaled by a factor; digits read out."
+    explorer_text = (
+        "Each item asks how many times a word is repeated (n times, the true count). The slider is the duration "
+        "factor c: every repetition of the word lasts c steps (c = 1 is the prompt as written, 0.5 half a step). "
+        "The bars are the model's probability of each digit as the answer; below the curves, the predicted count "
+        "E[k] (each digit weighted by its probability) beside n × c, the count the model would give if it counted "
+        "time rather than words."
+    )
     description = (
         "Each item repeats a word n times (2-6) inside a few-shot prompt; every occurrence's duration is "
         "scaled by the factor c and the digits 0-9 are read out. Item ids look like count-003 (130 items). "

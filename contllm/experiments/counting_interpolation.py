@@ -170,11 +170,14 @@ def plan_item(lm: Any, item: PairItem, config: CountingInterpolationConfig) -> S
         "moved": item.moved,
         "count_first": first,
         "count_second": second,
+        # the true count at each end (the results table's truth column there)
+        "truth_first": str(first),
+        "truth_second": str(second),
         "method": config.method,
     }
     pair = (*ends[0], *ends[1])
     sets = config.readout(lm.tokenizer)
-    return interpolation_plan(lm, item.id, pair, alphas, str(config.method), sets, meta, str(first))
+    return interpolation_plan(lm, item.id, pair, alphas, str(config.method), sets, meta)
 
 
 def other_tokens(sweep: Sweep) -> np.ndarray:
@@ -199,6 +202,12 @@ def summarize(result: ExperimentResult) -> dict[str, Any]:
 class CountingInterpolationExperiment(AlphaSweepExperiment):
     name = "counting-interpolation"
     help = "Inside a counting question, words moved in embedding space into another word; digits read out."
+    explorer_text = (
+        "Each item is a counting question over n words, the last of which move in embedding space into another word "
+        "as the slider's alpha goes from 0 to 1 (at the far end the prompt shown is the second one). The bars are "
+        "each digit's probability, the true count green at each end; below the curves, the predicted count E[k] "
+        "with the true counts ringed."
+    )
     description = (
         'The paper\'s counting question over n words ("apple apple apple apple", how many times is a fruit '
         "mentioned?) with the last --moved occurrences interpolated into another word (cash, or pear, which is "
@@ -244,28 +253,80 @@ class CountingInterpolationExperiment(AlphaSweepExperiment):
         return summary_figure(result)
 
 
+def counting_interpolation_finding(sweeps: Sequence[Sweep]) -> tuple[str, str]:
+    """The sentence a counting-interpolation summary opens with, and the number behind it: over the pairs whose true
+    count changes, how far the predicted count moves from alpha 0 to 1 as a share of that change (mean); 0.5 or more
+    reads as "moves toward the new count", 0.2 or more as "a little", less as "hardly moves"."""
+    shares = []
+    for s in sweeps:
+        start, end = s.meta.get("count_first"), s.meta.get("count_second")
+        if isinstance(start, int) and isinstance(end, int) and start != end and len(s.x) > 1:
+            implied = s.implied_value()
+            shares.append((implied[int(np.argmax(s.x))] - implied[int(np.argmin(s.x))]) / (end - start))
+    share = float(np.nanmean(shares)) if shares else float("nan")
+    detail = (
+        f"the predicted count moves {share:.2f} of the way from the first true count to the second "
+        f"(mean over the {len(shares)} pairs whose count changes)"
+    )
+    from contllm.plotting import worded
+
+    ladder = [
+        (0.5, "As words turn into another word, the predicted count moves to the words left"),
+        (0.2, "As words turn into another word, the predicted count moves a little toward the words left"),
+    ]
+    below = "The predicted count hardly moves as words turn into another word"
+    return worded(share, ladder, below, "The predicted count as words turn into another word"), detail
+
+
 def summary_figure(result: ExperimentResult) -> Any:
-    """One panel per pair, in the paper's style: each digit's probability against alpha, and "other tokens"."""
-    from contllm.plotting import plt
+    """First, the finding: the predicted count E[k] against alpha per pair, beside the straight line between the true
+    counts at the ends (ringed); then one panel per pair in the paper's style: each digit's probability against alpha,
+    and the tokens outside the digits."""
+    from contllm.experiments.figures import finding_layout
+    from contllm.plotting import finding, heading, legend_outside, plt
 
     sweeps = result.sweeps
-    fig, axes = plt.subplots(1, len(sweeps), figsize=(4.2 * len(sweeps), 3.8), squeeze=False, constrained_layout=True)
+    fig, first, rest = finding_layout(len(sweeps))
     colors = plt.get_cmap("tab10")
-    for ax, s in zip(axes.flat, sweeps):
+    for k, s in enumerate(sweeps):
+        start, end = s.meta.get("count_first"), s.meta.get("count_second")
+        color = colors(k % 10)
+        first.plot(
+            s.x,
+            s.implied_value(),
+            "-",
+            color=color,
+            lw=2,
+            label=f"{s.meta.get('word')} → {s.meta.get('other')}: {start} → {end}",
+        )
+        if isinstance(start, int) and isinstance(end, int):
+            first.plot([0, 1], [start, end], ":", color=color, lw=1.2)
+            first.plot([0, 1], [start, end], "o", ms=9, mfc="none", mec=color, mew=1.8, clip_on=False)
+    first.plot([], [], "o", ms=9, mfc="none", mec="0.3", mew=1.8, label="ringed: the true count at each end")
+    finding(first, *counting_interpolation_finding(sweeps))
+    first.set(xlabel="alpha: the words as written (0) → turned into the other word (1)", ylabel="predicted count E[k]")
+    first.set_ylim(bottom=0)
+    first.grid(alpha=0.3)
+    legend_outside(first, title="pair: true count at the ends")
+    for ax, s in zip(rest, sweeps):
         wanted = {str(s.meta.get("count_first")), str(s.meta.get("count_second"))}
         for j, label in enumerate(s.labels):
-            ax.plot(s.x, s.probs[:, j], "-", lw=2.4 if label in wanted else 1.0, color=colors(j % 10), label=label)
-        ax.plot(s.x, other_tokens(s), "--", color="0.3", lw=1.6, label="other tokens")
-        ax.set(
-            xlabel=f"alpha ({s.meta.get('word')} -> {s.meta.get('other')})",
-            ylabel="probability",
-            ylim=(-0.02, 1.02),
-            title=f"{s.item_id}: count {s.meta.get('count_first')} -> {s.meta.get('count_second')}",
+            ax.plot(s.x, s.probs[:, j], "-", lw=2.6 if label in wanted else 1.0, color=colors(j % 10))
+        ax.plot(s.x, other_tokens(s), "--", color="0.3", lw=1.6)
+        ax.set(xlabel=f"alpha ({s.meta.get('word')} → {s.meta.get('other')})", ylabel="probability", ylim=(-0.02, 1.02))
+        ax.set_title(
+            f"{s.item_id}: true count {s.meta.get('count_first')} → {s.meta.get('count_second')} (bold)",
+            loc="left",
+            fontsize=9,
         )
-        ax.title.set_fontsize(9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, ncol=2)
-    fig.suptitle(f"{result.model} · counting interpolation · {len(sweeps)} pairs", fontsize=12)
+    labels = list(dict.fromkeys(label for s in sweeps for label in s.labels))
+    handles = [plt.Line2D([], [], color=colors(j % 10), lw=1.6) for j in range(len(labels))]
+    handles.append(plt.Line2D([], [], color="0.3", ls="--", lw=1.6))
+    rest[0].get_figure(root=False).legend(
+        handles, [*labels, "other tokens"], loc="outside right upper", title="digit", fontsize=8, frameon=False
+    )
+    heading(fig, result.model, "counting interpolation", len(sweeps), "pairs")
     return fig
 
 

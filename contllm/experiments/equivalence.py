@@ -385,31 +385,62 @@ def item_figure(result: EquivalenceResult, grid: Grid) -> Any:
     return fig
 
 
+def equivalence_finding(result: EquivalenceResult) -> tuple[str, str]:
+    """The sentence an equivalence summary opens with, and the numbers behind it.
+
+    From the per-word :func:`measures` averaged over words: the rank correlation of E[k]
+    with m·d against the one with m alone, and the mean distance |E[k] − m·d|. A product
+    correlation of 0.8 or more with a distance up to 0.75 reads as "counts like m × d";
+    a copies correlation above the product's by 0.1 as "follows the copies, not their
+    duration"; a slope of E[k] on m·d under 0.1 as "hardly depends"; otherwise "grows with
+    m × d, though not one for one".
+    """
+    numbers = [measures(g) for g in result.grids]
+    product = float(np.nanmean([m["spearman_product"] for m in numbers]))
+    copies = float(np.nanmean([m["spearman_copies"] for m in numbers]))
+    gap = float(np.nanmean([m["mae_product"] for m in numbers]))
+    detail = (
+        f"rank correlation of the predicted count with m × d: {product:.2f}, with m alone: {copies:.2f}; "
+        f"distance from m × d: {gap:.2f} (means over {len(numbers)} words)"
+    )
+    slope = float(np.nanmean([m["slope"] for m in numbers]))
+    if product >= 0.8 and gap <= 0.75:
+        return "m copies lasting d each count like m × d copies: the predicted count follows m × d", detail
+    if copies > product + 0.1:
+        return "The predicted count follows the number of copies, not how long they last", detail
+    if not slope >= 0.1:
+        return "The predicted count hardly depends on m × d", detail
+    return "The predicted count grows with m × d, though not one for one", detail
+
+
 def summary_figure(result: EquivalenceResult) -> Any:
-    """Across words: the mean E[k] heatmap with the hyperbolas, and mean E[k] against m·d."""
-    from contllm.plotting import plt
+    """Across words. First, the finding: mean E[k] against m·d, one line per number of copies m; then the mean E[k]
+    over the (d, m) grid with the hyperbolas m·d = const."""
+    from contllm.plotting import finding, heading, legend_outside, plt
 
     grid, implied = result.mean_implied()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
-    n = len(result.common())
-    fig.colorbar(
-        heatmap(left, grid, implied, f"mean E[k] over {n} words (dashed: m·d = const)"),
-        ax=left,
-        label="implied count E[k]",
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(15, 5.4), constrained_layout=True, gridspec_kw={"width_ratios": [1.3, 1]}
     )
     product = grid.product()
     colors = plt.get_cmap("viridis")
     for i, m in enumerate(grid.copies):
-        right.plot(product[i], implied[i], "-o", ms=3, color=colors(i / max(1, len(grid.copies) - 1)), label=f"m = {m}")
+        left.plot(product[i], implied[i], "-o", ms=3, color=colors(i / max(1, len(grid.copies) - 1)), label=f"m = {m}")
     top = float(product.max())
-    right.plot([0, top], [0, top], ":", color="0.4", label="E[k] = m·d")
-    right.set_ylim(0, 9.5)
-    right.set_xlabel("m·d (copies x duration)")
-    right.set_ylabel("mean implied count E[k]")
-    right.set_title("one line per number of copies", fontsize=9)
-    right.grid(alpha=0.3)
-    right.legend(fontsize=8)
-    fig.suptitle(f"{result.model} · equivalence · {len(result.grids)} words", fontsize=12)
+    left.plot([0, top], [0, top], ":", color="0.4", label="predicted count = m × d")
+    left.set_ylim(0, 9.5)
+    left.set_xlabel("m × d: copies of the word times how long each lasts")
+    left.set_ylabel("predicted count E[k] (mean over words)")
+    left.grid(alpha=0.3)
+    finding(left, *equivalence_finding(result))
+    legend_outside(left, title="copies")
+    n = len(result.common())
+    fig.colorbar(
+        heatmap(right, grid, implied, f"Mean predicted count over {n} words\n(white: contours; dashed: m × d = const)"),
+        ax=right,
+        label="predicted count E[k]",
+    )
+    heading(fig, result.model, "equivalence", len(result.grids), "words")
     return fig
 
 

@@ -136,7 +136,14 @@ def plan_item(lm: ContinuousLM, item: EventItem, config: EventsConfig) -> SweepP
 
 class EventsExperiment(CountingSweepExperiment):
     name = "events"
+    counted = "events"
     help = "A passage of n events, their durations scaled by a factor; digits read out."
+    explorer_text = (
+        "Each item is a short story or tutorial of n events (sentences or steps) and a question about how many "
+        "happened. The slider is the duration factor c: the events' tokens last c steps each (with --event, one "
+        "event only). The bars are the model's probability of each digit as the answer; below the curves, the "
+        "predicted count E[k] beside n × c (n − 1 + c when one event is scaled), the count if it followed time."
+    )
     description = (
         "Each item is a short story or tutorial of n events (3-7) and a question about how many happened; "
         "every event (or only --event K) has its duration scaled by c and the digits 0-9 are read out. "

@@ -185,10 +185,14 @@ class InsideExperiment(Experiment[RecordT, ResultT]):
     def item_figure(self, result: Any, record: Any) -> Any:
         return self._draw(result, [record])
 
+    def figure_options(self) -> dict[str, Any]:
+        """Keyword arguments of this experiment's figure function beyond the result and records (none by default)."""
+        return {}
+
     def _draw(self, result: Any, records: Sequence[Any] | None) -> Any:
         from contllm.experiments import inside_figures
 
-        return getattr(inside_figures, self.figure)(result, records)
+        return getattr(inside_figures, self.figure)(result, records, **self.figure_options())
 
 
 class SweepInsideExperiment(InsideExperiment[RecordT, ResultT]):

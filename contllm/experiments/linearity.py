@@ -447,7 +447,7 @@ def item_figure(result: LinearityResult, path: ReadoutPath) -> Any:
 
 def _bars(ax: Any, groups: list[str], runs: Sequence[tuple[str, dict[str, Any]]], key: str, title: str) -> None:
     """Grouped bars of ``<group>_mean_<key>`` (filled: real, hatched: baseline), one colour per run."""
-    from contllm.plotting import plt
+    from contllm.plotting import legend_outside, plt
 
     colors = plt.get_cmap("tab10")
     width = 0.8 / (2 * len(runs))
@@ -463,17 +463,17 @@ def _bars(ax: Any, groups: list[str], runs: Sequence[tuple[str, dict[str, Any]]]
                 color=colors(k % 10),
                 alpha=1.0 if not suffix else 0.45,
                 hatch=None if not suffix else "//",
-                label=f"{label}{' random direction' if suffix else ''}",
+                label=f"{label}{': random direction' if suffix else ': the real path'}",
             )
-    ax.set_xticks(positions, groups)
-    ax.set_title(title, fontsize=9)
+    ax.set_xticks(positions, groups, fontsize=8, rotation=20)
+    ax.set_title(title, loc="left", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=7)
+    legend_outside(ax)
 
 
 def _profiles(ax: Any, paths: Sequence[ReadoutPath]) -> None:
     """Mean max-over-labels |p - chord| against alpha, per source: real solid, baseline dashed."""
-    from contllm.plotting import plt
+    from contllm.plotting import legend_outside, plt
 
     colors = plt.get_cmap("tab10")
     for k, source in enumerate(SOURCES):
@@ -482,30 +482,56 @@ def _profiles(ax: Any, paths: Sequence[ReadoutPath]) -> None:
             continue
         x = chosen[0].alphas
         same = [p for p in chosen if len(p.alphas) == len(x)]
-        for values, style, what in ((lambda p: p.real, "-", "real"), (lambda p: p.baseline, "--", "random direction")):
+        for values, style, what in (
+            (lambda p: p.real, "-", "real path"),
+            (lambda p: p.baseline, "--", "random direction"),
+        ):
             dev = np.mean([np.abs(values(p) - chord(p.alphas, values(p))).max(axis=1) for p in same], axis=0)
             ax.plot(x, dev, style, color=colors(k), lw=1.8, label=f"{source}: {what}")
     ax.set(
-        xlabel="alpha",
-        ylabel="mean over items of max over labels |p - chord|",
-        title="distance from the chord along the path",
+        xlabel="alpha: first input (0) → second (1)",
+        ylabel="distance from the straight line\n(largest over labels, mean over items)",
     )
-    ax.title.set_fontsize(9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    legend_outside(ax)
+
+
+def linearity_finding(summary: dict[str, Any]) -> tuple[str, str]:
+    """The sentence a linearity summary opens with, and the numbers behind it: the mean largest distance of the
+    read-out from the straight line between its ends (the chord), on the real path and on a random direction; up to
+    0.05 reads as "close to the straight line", under three quarters of the random direction's as "bends less than a
+    random direction", else "bends as much as a random direction"."""
+    deviation = summary.get("all_mean_max_deviation", float("nan"))
+    base = summary.get("all_mean_max_deviation_baseline", float("nan"))
+    r2, r2_base = summary.get("all_mean_r2", float("nan")), summary.get("all_mean_r2_baseline", float("nan"))
+    detail = (
+        f"largest distance from the straight line: {deviation:.3f} on the real path, {base:.3f} on a random "
+        f"direction; R² of the line {r2:.2f} against {r2_base:.2f} (means over items)"
+    )
+    if not np.isfinite(deviation):
+        return "The read-out along the path between two inputs", detail
+    if deviation <= 0.05:
+        return "Between two inputs the output stays close to the straight line between its ends", detail
+    if np.isfinite(base) and deviation < 0.75 * base:
+        return "Between two inputs the output bends, but less than along a random direction", detail
+    return "Between two inputs the output bends as much as along a random direction", detail
 
 
 def summary_figure(result: LinearityResult) -> Any:
-    """Per source: mean max |p - chord| and mean R², real against the random direction; the distance along alpha."""
-    from contllm.plotting import plt
+    """First, the finding: the distance from the straight line between the ends (the chord) along alpha, real path
+    against a random direction; then per source the mean largest distance and the mean R², real against random."""
+    from contllm.plotting import finding, heading, plt
 
     summary = summarize_paths(result.paths)
     groups = [g for g in ("all", *SOURCES) if f"{g}_items" in summary]
-    fig, (dev, r2, prof) = plt.subplots(1, 3, figsize=(16, 4.6), constrained_layout=True)
-    _bars(dev, groups, [(result.model, summary)], "max_deviation", "mean of max |p(alpha) - chord|")
-    _bars(r2, groups, [(result.model, summary)], "r2", "mean R² of the chord fit")
+    fig, (prof, dev, r2) = plt.subplots(
+        1, 3, figsize=(19, 5), constrained_layout=True, gridspec_kw={"width_ratios": [1.4, 1, 1]}
+    )
     _profiles(prof, result.paths)
-    fig.suptitle(f"{result.model} · linearity · {len(result.paths)} paths", fontsize=12)
+    finding(prof, *linearity_finding(summary))
+    _bars(dev, groups, [(result.model, summary)], "max_deviation", "Largest distance from the straight line (mean)")
+    _bars(r2, groups, [(result.model, summary)], "r2", "How well the straight line fits, R² (mean)")
+    heading(fig, result.model, "linearity", len(result.paths), "paths")
     return fig
 
 

@@ -31,7 +31,6 @@ from contllm import metrics
 from contllm.data.paper import SUMS_FIELDS, sums_rows
 from contllm.data.user import DataFileOption, Row, read_items
 from contllm.errors import ExperimentError
-from contllm.experiments import figures
 from contllm.experiments.base import Experiment, Metric, RunContext, Table
 from contllm.experiments.prompts import Rendered, apply_chat, render
 from contllm.experiments.protocol import PAPER_RUNS, PaperSearch, with_paper_coverage
@@ -453,6 +452,10 @@ def sums_summary(result: SumsResult) -> dict[str, Any]:
 class SumsExperiment(Experiment[SumRecord, SumsResult]):
     name = "sums"
     help = "Word problems adding two numbers, one number's duration scaled by a factor; the answer read digit by digit."
+    explorer_text = (
+        "Each item is a word problem adding two numbers a and b; the slider is the duration factor c of a's tokens. "
+        "The bars are the probabilities of the answer's first digit; below the curves, its expected value."
+    )
     description = (
         "Each item is a word problem adding two numbers (32 built-in problems with two-digit numbers, ids sum-001 ...); "
         "the tokens of one number, wherever the prompt fills it in, have their duration scaled by c. The first digit "
@@ -521,13 +524,19 @@ class SumsExperiment(Experiment[SumRecord, SumsResult]):
         return {"factor_min": float(x.min()), "factor_max": float(x.max()), "samples": len(x)}
 
     def summary_figure(self, result: SumsResult) -> Any:
-        return figures.sums_summary_figure(result, [success(r) for r in result.records], SUCCESS)
+        from contllm.experiments import sums_figures
+
+        return sums_figures.summary_figure(result, [success(r) for r in result.records], SUCCESS)
 
     def item_figure(self, result: SumsResult, record: SumRecord) -> Any:
-        return figures.sums_item_figure(result, record)
+        from contllm.experiments import sums_figures
+
+        return sums_figures.item_figure(result, record)
 
     def comparison(self, results: Sequence[tuple[str, SumsResult]]) -> Any:
-        return figures.sums_comparison_figure(results)
+        from contllm.experiments import sums_figures
+
+        return sums_figures.comparison_figure(results)
 
 
 EXPERIMENT = SumsExperiment()

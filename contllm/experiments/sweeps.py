@@ -226,13 +226,15 @@ def sweep_options(knob: str, default_range: str, default_samples: int) -> tuple[
 def provenance(tokenizer: Any, signal: Signal, edited: Sequence[int], suffix: str = "") -> dict[str, Any]:
     """What a record keeps of what was measured: the rendered prompt, the edited token positions and their text.
 
-    prompt: the signal's text (chat template included); edited: 0-based token positions
-    (special tokens counted); edited_tokens: each edited token decoded on its own. With
-    ``suffix`` (e.g. "_second") the keys name the other end of an interpolation.
+    prompt: the signal's text (chat template included); prompt_tokens: its length in
+    tokens; edited: 0-based token positions (special tokens counted); edited_tokens: each
+    edited token decoded on its own. With ``suffix`` (e.g. "_second") the keys name the
+    other end of an interpolation.
     """
     ids = [] if signal.token_ids is None else signal.token_ids.tolist()
     return {
         f"prompt{suffix}": signal.text,
+        f"prompt_tokens{suffix}": len(signal),
         f"edited{suffix}": [int(i) for i in edited],
         f"edited_tokens{suffix}": [tokenizer.decode([ids[i]], clean_up_tokenization_spaces=False) for i in edited],
     }
@@ -347,6 +349,30 @@ class Sweep(Record, what="sweep record"):
         """The label probabilities [K] at the sample closest to ``value``."""
         return self.probs[int(np.argmin(np.abs(self.x - value)))]
 
+    def end_truths(self) -> tuple[str | None, str | None] | None:
+        """The true labels at the two ends of an interpolation (alpha 0 and 1), from ``meta``'s :data:`END_TRUTHS`;
+        None for a sweep that records none (a duration sweep, whose truth is :attr:`truth` throughout)."""
+        first, second = (self.meta.get(key) for key in END_TRUTHS)
+        if first is None and second is None:
+            return None
+        return (None if first is None else str(first), None if second is None else str(second))
+
+    def truth_at(self, value: float) -> str | None:
+        """The true label at ``value`` of the knob: :attr:`truth` for a duration sweep; for an interpolation the first
+        end's truth at alpha 0, the second's at alpha 1 and None between them (a blend of two prompts has none)."""
+        ends = self.end_truths()
+        if ends is None:
+            return self.truth
+        if np.isclose(value, 0.0, atol=1e-12):
+            return ends[0]
+        if np.isclose(value, 1.0, atol=1e-12):
+            return ends[1]
+        return None
+
+
+#: The keys of an interpolation sweep's ``meta`` that hold the true label at alpha 0 and at alpha 1.
+END_TRUTHS = ("truth_first", "truth_second")
+
 
 def _is_number(text: str) -> bool:
     try:
@@ -366,16 +392,18 @@ class ExperimentResult(Records[Sweep], record=Sweep):
     x_label: str = "factor"
 
     def rows(self) -> Iterable[dict[str, Any]]:
-        """Tidy rows: one per item, value of x and label."""
+        """Tidy rows: one per item, value of x and label; "truth" is the true label there (:meth:`Sweep.truth_at`),
+        empty where there is none."""
         for s in self.sweeps:
             for k, x in enumerate(s.x):
+                truth = s.truth_at(float(x))
                 for j, label in enumerate(s.labels):
                     yield {
                         "item": s.item_id,
                         self.x_label: float(x),
                         "label": label,
                         "probability": float(s.probs[k, j]),
-                        "truth": "" if s.truth is None else s.truth,
+                        "truth": "" if truth is None else truth,
                     }
 
     def columns(self) -> list[str]:
@@ -473,6 +501,8 @@ class CountingSweepExperiment(SweepExperiment):
     """A sweep experiment that reads out a count over the digits 0-9 (counting, events)."""
 
     counts: ClassVar[bool] = True
+    #: What the sweep shortens, in the summary figure's words ("words", "events").
+    counted: ClassVar[str] = "words"
     metrics = Metric.table(
         """
         accuracy_at_1                        higher  share of items whose most probable digit at factor 1 is the true count
@@ -497,7 +527,7 @@ class CountingSweepExperiment(SweepExperiment):
     def summary_figure(self, result: ExperimentResult) -> Any:
         from contllm.experiments import figures
 
-        return figures.count_summary_figure(result)
+        return figures.count_summary_figure(result, self.counted)
 
     def comparison(self, results: Sequence[tuple[str, ExperimentResult]]) -> Any:
         from contllm.experiments import figures

@@ -41,9 +41,8 @@ from contllm.experiments.tracking import (
     check_threshold,
     load_items,
 )
+from contllm.experiments.tracking import UNCHANGED as TOLERANCE  # the invariance a rotary family must show
 
-#: The invariance a rotary family must show under translation: max |dp| from tau = 0.
-TOLERANCE = 1e-4
 PROMPT_ROWS = "id, prompt (other fields, such as those of tokens, are ignored)"
 
 #: The prompts of the paper's scaling and translation scripts.
@@ -202,6 +201,10 @@ class TimelineExperiment(TrackingExperiment):
 class ScalingExperiment(TimelineExperiment):
     name = "scaling"
     help = "Every duration of a prompt scaled by s (the whole time axis); every token above a threshold tracked."
+    explorer_text = (
+        "Each item is a prompt whose whole time axis is scaled by s: every token lasts s steps (s = 1 is the prompt "
+        "as written). The bars and curves are the tokens that pass the threshold somewhere on the sweep."
+    )
     description = (
         "Each prompt's whole time axis is multiplied by s: every token lasts s steps and token i sits at time s*i "
         "(s = 1: the stock model; s -> 0: every token at nearly one time). The whole next-token distribution is read "
@@ -246,6 +249,10 @@ def _lowest_kept(x: np.ndarray, top_ids: list[int], ref: int) -> float:
 class TranslationExperiment(TimelineExperiment):
     name = "translation"
     help = "Every time of a prompt shifted by tau; max |dp| from tau = 0 (rotary models: float noise only)."
+    explorer_text = (
+        "Each item is a prompt whose every time is shifted by tau (the durations stay 1). A model that reads only "
+        "time differences gives the same distribution at every tau: the curves should be flat."
+    )
     description = (
         "Each prompt is shifted in time: every token's time and the integration start move by tau. Rotary models "
         "see only time differences, so the distribution must not move beyond float rounding; the summary reports "

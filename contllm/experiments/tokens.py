@@ -103,6 +103,11 @@ def tokens_sweep(lm: Any, item: PromptItem, config: TokensConfig) -> TrackPlan:
 class TokensExperiment(TrackingExperiment):
     name = "tokens"
     help = "A word interpolated into another, or a span's duration scaled; every token above a threshold tracked."
+    explorer_text = (
+        "Each item is a prompt whose span is interpolated into another word (alpha) or whose duration is scaled "
+        "(factor). The whole next-token distribution is read at every value; the bars and curves are the tokens "
+        "that pass the threshold somewhere on the sweep."
+    )
     description = (
         "Each item is a prompt and an edit: a word interpolated into another in embedding space (alpha, aligned "
         "in time for unequal token counts; 'The capital of France is' with France -> Germany) or a span's duration "

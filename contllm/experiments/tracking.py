@@ -372,6 +372,11 @@ _KNOB_NAMES = {
     "tau": "time shift tau",
 }
 _DISTANCE_NAMES = {"tv": "total variation from the reference", "max_dp": "max |dp| from the reference"}
+#: The same, in a summary figure's words.
+_PLAIN_DISTANCES = {
+    "tv": "how far the output is from the plain\nprompt's (total variation)",
+    "max_dp": "largest change of any token's probability\nfrom the plain prompt's",
+}
 
 
 def _knob_name(knob: str) -> str:
@@ -390,7 +395,7 @@ def _distance(t: Track, distance: str) -> np.ndarray | None:
 
 def item_figure(result: TrackResult, t: Track, what: str) -> Any:
     """One item: every tracked token's probability against the knob (top), distances from the reference (bottom)."""
-    from contllm.plotting import plt
+    from contllm.plotting import legend_outside, plt
 
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(8, 6), sharex=True, constrained_layout=True, gridspec_kw={"height_ratios": [3, 1.3]}
@@ -406,9 +411,7 @@ def item_figure(result: TrackResult, t: Track, what: str) -> Any:
     if isinstance(threshold, (int, float)):
         top.axhline(float(threshold), color="0.5", ls="--", lw=0.8)
     more = len(t.labels) - NAMED
-    top.legend(
-        fontsize=7, loc="best", title=f"tracked tokens{f' (+{more} in grey)' if more > 0 else ''}", title_fontsize=7
-    )
+    legend_outside(top, title=f"tracked tokens{f' (+{more} in grey)' if more > 0 else ''}")
     top.set_ylabel("probability")
     top.set_ylim(-0.02, 1.02)
     top.grid(alpha=0.3)
@@ -417,7 +420,7 @@ def item_figure(result: TrackResult, t: Track, what: str) -> Any:
         bottom.semilogy(t.x, np.maximum(t.tv, FLOOR), "-o", ms=2.5, label="total variation")
         bottom.semilogy(t.x, np.maximum(t.max_dp, FLOOR), "-s", ms=2.5, label="max |dp| over the vocabulary")
         bottom.axvline(float(t.reference), color="0.5", ls=":", lw=0.8)  # type: ignore[arg-type]
-        bottom.legend(fontsize=7, loc="best")
+        legend_outside(bottom)
         bottom.set_ylabel("from the\nreference", fontsize=8)
     else:
         bottom.text(
@@ -434,18 +437,71 @@ def item_figure(result: TrackResult, t: Track, what: str) -> Any:
     return fig
 
 
+#: What each knob does to the prompt, in a finding's words.
+_KNOB_DOES = {
+    "alpha": "a word turns into another",
+    "factor": "a word lasts shorter or longer",
+    "s": "all of time is squeezed or stretched",
+    "tau": "every time is shifted",
+}
+#: Largest change of any token's probability that counts as none (float rounding): under translation (max |dp|
+#: from tau = 0), what a rotary family must stay within.
+UNCHANGED = 1e-4
+
+
+def tracking_finding(tracks: Sequence[Track], distance: str) -> tuple[str, str]:
+    """The sentence a tracking summary opens with, and the numbers behind it (over the tracks of the first knob).
+
+    max_dp: the largest change of any token's probability from the reference; up to
+    :data:`UNCHANGED` reads as "unchanged". tv: the mean over items of the largest total
+    variation from the reference M and of the largest step between neighbouring values J;
+    M under 0.05 reads as "hardly changes", J up to half of M as "gradually", else "in jumps".
+    """
+    knob = tracks[0].knob if tracks else ""
+    does = _KNOB_DOES.get(knob, f"{knob} moves")
+    values = [d for t in tracks if (d := _distance(t, distance)) is not None and t.knob == knob]
+    if not values:
+        return f"The output as {does}", "the plain prompt is not on the sweep: no distance from it"
+    if distance == "max_dp":
+        largest = float(max(v.max() for v in values))
+        detail = (
+            f"largest change of any token's probability from the plain prompt: {largest:.1e} over {len(values)} items"
+        )
+        if largest <= UNCHANGED:
+            return f"The output does not change as {does}, beyond float rounding", detail
+        return f"The output changes as {does}", detail
+    reach = float(np.mean([v.max() for v in values]))
+    jump = float(np.mean([np.abs(np.diff(v)).max() if len(v) > 1 else 0.0 for v in values]))
+    detail = (
+        f"total variation from the plain prompt reaches {reach:.2f}; largest step between neighbouring values "
+        f"{jump:.2f} (means over {len(values)} items)"
+    )
+    if reach < 0.05:
+        return f"The output hardly changes as {does}", detail
+    if jump <= 0.5 * reach:
+        return f"The output moves gradually as {does}", detail
+    return f"The output moves in jumps as {does}", detail
+
+
 def summary_figure(result: TrackResult, distance: str) -> Any:
-    """Across items: each item's distance from the reference against the knob (a panel per knob); tracked tokens per item."""
-    from contllm.plotting import plt
+    """Across items. First, the finding: each item's distance from the reference (the plain prompt) against the knob,
+    with the mean (tv) or the largest (max_dp) over items; a panel per further knob; last, how many tokens each item
+    tracks, and whether its most probable token changes."""
+    from contllm.plotting import finding, heading, legend_outside, plt, shortened
 
     knobs = list(dict.fromkeys(t.knob for t in result.tracks))
     fig, axes = plt.subplots(
-        1, len(knobs) + 1, figsize=(5.5 * (len(knobs) + 1), 4.5), constrained_layout=True, squeeze=False
+        1,
+        len(knobs) + 1,
+        figsize=(7 * len(knobs) + 6, 5),
+        constrained_layout=True,
+        squeeze=False,
+        gridspec_kw={"width_ratios": [1.5] * len(knobs) + [1]},
     )
-    for ax, knob in zip(axes[0], knobs):
+    for k, (ax, knob) in enumerate(zip(axes[0], knobs)):
         tracks = [t for t in result.tracks if t.knob == knob and _distance(t, distance) is not None]
         for t in tracks:
-            ax.plot(t.x, np.maximum(_distance(t, distance), FLOOR), "-", lw=0.9, alpha=0.7)  # type: ignore[arg-type]
+            ax.plot(t.x, np.maximum(_distance(t, distance), FLOOR), "-", lw=0.9, alpha=0.7, label=shortened(t.item_id))  # type: ignore[arg-type]
         if tracks:
             x, same = _grid(tracks)
             values = np.array([_distance(t, distance) for t in same])
@@ -455,23 +511,30 @@ def summary_figure(result: TrackResult, distance: str) -> Any:
                 np.maximum(line, FLOOR),
                 "k-",
                 lw=2.4,
-                label=f"{'max' if distance == 'max_dp' else 'mean'} over {len(same)} items",
+                label=f"{'largest' if distance == 'max_dp' else 'mean'} over {len(same)} items",
             )
-            ax.legend(fontsize=8)
         if distance == "max_dp":
             ax.set_yscale("log")
-            ax.axhline(1e-4, color="r", ls="--", lw=0.8)
+            ax.axhline(UNCHANGED, color="r", ls="--", lw=0.8, label=f"{UNCHANGED:g}: float rounding")
         ax.set_xlabel(_knob_name(knob))
-        ax.set_ylabel(_DISTANCE_NAMES[distance])
+        ax.set_ylabel(_PLAIN_DISTANCES[distance])
         ax.grid(alpha=0.3)
+        legend_outside(ax, title="item")
+        if k == 0:
+            finding(ax, *tracking_finding(result.tracks, distance))
+        else:
+            ax.set_title(f"The same as {_KNOB_DOES.get(knob, knob)}", loc="left", fontsize=9)
     bars = axes[0][-1]
     counts = [len(t.token_ids) for t in result.tracks]
     changed = [t.argmax_changes for t in result.tracks]
     bars.barh(range(len(counts)), counts, color=["tab:orange" if c else "tab:blue" for c in changed])
-    bars.set_yticks(range(len(counts)), [t.item_id for t in result.tracks], fontsize=7)
+    bars.set_yticks(range(len(counts)), [shortened(t.item_id) for t in result.tracks], fontsize=7)
     bars.invert_yaxis()
-    bars.set_xlabel(f"tracked tokens (p > {result.config.get('threshold')}); orange: the argmax changes")
-    fig.suptitle(f"{result.model} · {result.experiment} · {len(result.tracks)} items", fontsize=10)
+    bars.set_xlabel(f"tracked tokens (probability above {result.config.get('threshold')} somewhere)")
+    bars.set_title("Tokens that become likely along the sweep", loc="left", fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:orange", "tab:blue")]
+    legend_outside(bars, handles=handles, labels=["the most probable token changes", "it stays"])
+    heading(fig, result.model, result.experiment, len(result.tracks))
     return fig
 
 

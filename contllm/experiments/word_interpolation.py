@@ -348,6 +348,9 @@ def plan_item(lm: Any, item: WordItem, config: InterpolationConfig) -> SweepPlan
         "group": item.group,
         "answer_first": None if answers is None else answers[0],
         "answer_second": None if answers is None else answers[1],
+        # the true label at each end (the results table's truth column there)
+        "truth_first": None if answers is None else ("yes" if answers[0] else "no"),
+        "truth_second": None if answers is None else ("yes" if answers[1] else "no"),
         "method": config.method,
         "tokens_first": len(sa.token_indices(span_a)),
         "tokens_second": len(sb.token_indices(span_b)),
@@ -426,6 +429,13 @@ def summarize_sweeps(sweeps: Sequence[Sweep]) -> dict[str, Any]:
 class InterpolationExperiment(AlphaSweepExperiment):
     name = "interpolation"
     help = "A word's embedding moved into another's inside a yes/no question; P(yes) and P(no) read out."
+    explorer_text = (
+        'Each item is a yes/no question about a word ("Are apples yellow?"). The slider is alpha: the word\'s '
+        "embedding moves from the first word (alpha = 0) into the second (alpha = 1), so the prompt at the slider's "
+        "far end is the second word's. The bars are P(yes) and P(no), the true answer green at each end (between "
+        "them a blend of two words has none); below the curves, P(yes) / (P(yes) + P(no)) with the true answers "
+        "ringed."
+    )
     description = (
         'Each item asks a yes/no question of a word ("Are {} yellow?") whose embedding moves from the first '
         "word of a pair (alpha 0, e.g. apples) to the second (alpha 1, bananas), linearly or by slerp, aligned "

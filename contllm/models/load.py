@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,24 @@ def _from_pretrained(
     return model, tokenizer, getattr(model.config, "_attn_implementation", attn)
 
 
+@contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers' own progress bars ("Loading weights", downloads) off inside the block, as they were after it.
+
+    A load says what it did through contllm's logger (``-q`` silences it); a bar that
+    transformers draws on stderr would pass through ``-q`` and through a notebook's output.
+    """
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def _check_placement(model: Any, name: str) -> None:
     """ModelLoadError when a device map left weights off every device (offloaded to the CPU or disk).
 
@@ -231,6 +250,22 @@ def load_model(
     torch_dtype = parse_dtype(dtype)
     torch_device = resolve_device(device) if device_map is None else None
     source = resolve(name)
+    with quiet_loading():
+        return _load_resolved(
+            source, torch_device, torch_dtype, attn_implementation, device_map, cache_dir, trust_remote_code, max_memory
+        )
+
+
+def _load_resolved(
+    source: Any,
+    torch_device: torch.device | None,
+    torch_dtype: torch.dtype,
+    attn_implementation: str | None,
+    device_map: Any,
+    cache_dir: Any,
+    trust_remote_code: bool,
+    max_memory: Any,
+) -> LoadedModel:
     weights_sha = None
     location: str | Path
     if source.kind == "alias":

@@ -59,10 +59,33 @@ def _time_axis(ax: Any, times: list[float]) -> None:
     ax.grid(alpha=0.3)
 
 
+def pde_finding(result: PDEResult) -> tuple[str, str]:
+    """The sentence a pde summary opens with: at the largest T of the main variant, how much of the text's next tokens
+    stay the stock model's top-1 (0.9 or more: "stays close", under 0.5: "drifts away", between: "moves away")."""
+    variants = result.variants()
+    if not variants:
+        return "The outputs against pseudo-time", "no sweep of T in this run"
+    variant = "attention" if "attention" in variants else variants[0]
+    rows = result.table(variant)
+    last = rows[-1]
+    top1, kl = last["top1_text"], last["kl_text"]
+    dynamics = result.config.get("dynamics", "diffusion") if variant == "attention" else _name(result, variant)
+    detail = f"at T = {last['T']:g}: KL to the stock model {kl:.3g} nats, top-1 agreement {top1:.0%} on the text"
+    if top1 is None or not np.isfinite(top1):
+        return f"The outputs as {dynamics} runs on the attention rows", detail
+    if top1 >= 0.9:
+        return f"Under {dynamics} of the attention rows the outputs stay close to the stock model's", detail
+    if top1 < 0.5:
+        return f"Under {dynamics} of the attention rows the outputs drift away from the stock model's", detail
+    return f"Under {dynamics} of the attention rows the outputs move away gradually from the stock model's", detail
+
+
 def outputs_figure(result: PDEResult) -> Any:
     """KL to the stock model, top-1 agreement, perplexity and next-token entropy against T."""
+    from contllm.plotting import finding, heading, legend_outside
+
     plt = _pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
+    fig, axes = plt.subplots(2, 2, figsize=(14, 8.5), constrained_layout=True)
     panels = [
         (axes[0, 0], ("kl_text", "kl_prompts"), "KL(p_T || p_0) (nats)"),
         (axes[0, 1], ("top1_text", "top1_prompts"), "top-1 agreement with T = 0"),
@@ -85,8 +108,12 @@ def outputs_figure(result: PDEResult) -> Any:
     axes[0, 0].set_yscale("symlog", linthresh=1e-3)
     axes[1, 0].set_yscale("log")
     axes[0, 1].set_ylim(-0.02, 1.02)
-    axes[0, 0].legend(fontsize=7)
-    fig.suptitle(_title(result, "output distributions against pseudo-time"), fontsize=11)
+    finding(axes[0, 0], *pde_finding(result))
+    axes[0, 1].set_title("How often the most probable next token stays the stock model's", loc="left", fontsize=9)
+    axes[1, 0].set_title("How well the model still predicts the text", loc="left", fontsize=9)
+    axes[1, 1].set_title("How sure the model is at the prompts' ends", loc="left", fontsize=9)
+    legend_outside(axes[0, 1])
+    heading(fig, result.model, "pde", len(result.prompts), "prompts")
     return fig
 
 

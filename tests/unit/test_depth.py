@@ -41,10 +41,12 @@ from contllm.depth import (
     step_profile,
 )
 from contllm.depth.experiment import EXPERIMENT
+from contllm.depth.figures import depth_finding
 from contllm.errors import ExperimentError, RunDirectoryError
 from contllm.runner import context_for
 from contllm.families import decoder_layers, final_norm
 from contllm.files import csv_text
+from tests.unit.readable import check_readable
 from tests.unit.tiny import FAMILY_NAMES, backends, prompt, tiny_model
 
 pytestmark = [
@@ -408,7 +410,7 @@ def test_result_round_trips_tabulates_and_draws() -> None:
     layers = csv_text(*tables["layers"]).splitlines()
     assert layers[0].startswith("layer,ratio_median,") and len(layers) == 1 + result.n_layers
     assert ",," in layers[-1]  # the last layer has no curvature: an empty cell, not "nan"
-    for name in ("profile", "lipschitz", "propagation", "alpha", "half_steps", "readout"):
+    for name in ("summary", "profile", "lipschitz", "propagation", "alpha", "half_steps", "readout"):
         fig = depth_figure(result, name, prompt="b")
         assert fig.axes
         plt.close(fig)
@@ -416,7 +418,12 @@ def test_result_round_trips_tabulates_and_draws() -> None:
     for name, fig in EXPERIMENT.figures(result, per_item=True):
         names.append(name)
         plt.close(fig)
-    assert names == ["profile", "lipschitz", "propagation", "alpha", "half_steps", "items/a", "items/b"]
+    assert names == ["summary", "profile", "lipschitz", "propagation", "alpha", "half_steps", "items/a", "items/b"]
+    fig = depth_figure(result)  # the summary: what a newcomer sees first
+    try:
+        assert check_readable(fig) == depth_finding(result)[0]
+    finally:
+        plt.close(fig)
     assert [name for name, fig in depth_figures(result, per_item=False) if plt.close(fig) is None][-1] == "half_steps"
     with pytest.raises(ExperimentError, match="unknown depth figure"):
         depth_figure(result, "nope")

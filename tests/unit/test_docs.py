@@ -123,10 +123,22 @@ def test_the_navigation_takes_pages_that_exist_and_adds_the_others(tmp_path: Pat
 
 
 def test_executed_notebooks_are_required_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
     monkeypatch.setattr(hooks, "EXECUTED", tmp_path)
+    monkeypatch.setattr(hooks, "UNRUN", tmp_path / "unrun")
     monkeypatch.delenv("CONTLLM_DOCS_EXECUTED", raising=False)
     stored = sorted((ROOT / "notebooks").glob("*.ipynb"))
     assert [path for _, path in hooks.notebook_sources()] == stored  # without a run: the stored ones
+    assert not (tmp_path / "unrun").exists()  # the navigation alone writes nothing
+    shown = hooks.notebook_pages()
+    assert [name for name, _ in shown] == [p.name for p in stored]
+    for (_, path), original in zip(shown, stored):  # without a run: the stored ones, saying so first
+        cells = json.loads(path.read_text())["cells"]
+        assert cells[0]["cell_type"] == "markdown" and "without its outputs" in "".join(cells[0]["source"])
+        assert "pytest tests/notebooks" in "".join(cells[0]["source"])
+        assert cells[1:] == json.loads(original.read_text())["cells"]
+        assert path.parents[1] == tmp_path / "unrun"  # served as notebooks/<name>
     (tmp_path / stored[0].name).write_text(stored[0].read_text())
     assert hooks.notebook_sources()[0][1] == tmp_path / stored[0].name  # an executed copy wins
     monkeypatch.setenv("CONTLLM_DOCS_EXECUTED", "1")
@@ -296,3 +308,63 @@ def test_usage_lines_of_a_bare_run_state_the_registrys_defaults() -> None:
         ("counting", "items", "12"),
         ("counting", "values", "3"),
     ]
+
+
+def test_the_api_front_page_names_every_public_symbol() -> None:
+    front = (DOCS / hooks.API_FRONT).read_text()
+    missing = [name for name in contllm.__all__ if f"`{name}`" not in front]
+    assert not missing, f"docs/{hooks.API_FRONT} does not name {missing}"
+    assert front.count("```python") >= 4  # an example for each kind of use
+
+
+def test_the_api_reference_is_grouped_and_every_module_is_in_one_group(tmp_path: Path) -> None:
+    groups = hooks.api_groups()
+    assert list(groups) == ["User API", "Experiments", "Extending", "Internals"]
+    placed = [m for found in groups.values() for m in found]
+    assert sorted(placed) == sorted(hooks.public_modules())  # each module once
+    assert groups["User API"][:3] == ["contllm", "contllm.loading", "contllm.lm"]
+    assert "contllm.experiments.counting" in groups["Experiments"] and "contllm.depth.figures" in groups["Experiments"]
+    assert "contllm.registry" in groups["Extending"] and "contllm.engine" in groups["Internals"]
+    (tmp_path / "index.md").write_text("# home\n")
+    (tmp_path / hooks.API_FRONT).write_text("# API\n")
+    nav = hooks.on_config({"docs_dir": str(tmp_path), "nav": [{"Home": "index.md"}]})["nav"]
+    reference = next(entry["API reference"] for entry in nav if isinstance(entry, dict) and "API reference" in entry)
+    assert reference[0] == hooks.API_FRONT and [next(iter(g)) for g in reference[1:]] == list(groups)
+    assert not any("More" in entry for entry in nav if isinstance(entry, dict))  # the front page is not "more"
+
+
+def _docstrings() -> list[tuple[str, str]]:
+    griffe = pytest.importorskip("griffe")
+    package = griffe.load("contllm", search_paths=[str(ROOT)], resolve_aliases=False)
+    found: list[tuple[str, str]] = []
+    stack: list[Any] = [package]
+    while stack:
+        obj = stack.pop()
+        if obj.docstring is not None:
+            found.append((obj.path, obj.docstring.value))
+        stack += [m for m in obj.members.values() if not m.is_alias]
+    return found
+
+
+def test_every_docstring_renders_as_markdown() -> None:
+    """No reST table rule, role or '::' literal marker is left in any docstring after the docs' conversion."""
+    spec = importlib.util.spec_from_file_location("contllm_docstrings", DOCS / "griffe_docstrings.py")
+    assert spec is not None and spec.loader is not None
+    convert = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(convert)
+    rule = re.compile(r"^\s*=+(\s+=+)+\s*$")
+    role = re.compile(r":(func|class|meth|data|attr|mod|exc|obj):`")
+    docstrings = _docstrings()
+    assert any(rule.match(line) for _, text in docstrings for line in text.splitlines())  # there are tables to convert
+    for path, text in docstrings:
+        out = convert.markdown_docstring(text)
+        lines = out.splitlines()
+        assert not [line for line in lines if rule.match(line)], f"{path}: a reST table is left"
+        assert not role.search(out), f"{path}: a reST role is left"
+        assert not [line for line in lines if line.rstrip().endswith("::") and "```" not in out], f"{path}: '::' is left"
+    table = convert.markdown_docstring(
+        "Names:\n\n====  ==========\nname  what\n====  ==========\n``a``   the first\n      and more\n``b``   second\n"
+        "====  ==========\n\nSee :meth:`the forward <contllm.lm.ContinuousLM.forward_batch>` and :func:`~contllm.load`."
+    )
+    assert "| name | what |\n|---|---|\n| ``a`` | the first and more |\n| ``b`` | second |" in table
+    assert "See `the forward` and `contllm.load`." in table

@@ -32,6 +32,7 @@ def sweep_result(items: int = 2, samples: int = 5) -> ExperimentResult:
             "edited": [9, 10],
             "edited_tokens": [" pear", " pear"],
             "word": "pear",
+            "n": i + 2,
         }
         records.append(Sweep(f"count-{i + 1:03d}", np.linspace(0.2, 1.5, samples), DIGITS, probs, str(i + 2), meta))
     return ExperimentResult("counting", "tiny", {}, records, x_label="factor")
@@ -57,6 +58,70 @@ def test_the_page_carries_the_records_and_fetches_nothing(tmp_path: Path) -> Non
         assert item["edited"] == [9, 10] and item["scales"] is True
     assert not re.search(r"<(link|img|iframe)\b|\bsrc=|@import|url\(|fetch\(|XMLHttpRequest", html)
     assert "<script>" in html and "<style>" in html and "explorer" in WRITERS
+
+
+def test_the_expected_count_n_times_c_the_truth_and_what_the_page_shows() -> None:
+    from contllm.experiments.counting import EXPERIMENT
+
+    result = sweep_result(2)
+    data = explorer_data([("run", result)])
+    assert data["about"].startswith(EXPERIMENT.explorer_text) and "token strip" in data["about"]
+    for item, record in zip(data["runs"][0]["items"], result.records):
+        digits = np.arange(10)
+        np.testing.assert_allclose(item["expected"], record.probs @ digits / record.probs.sum(axis=1))
+        np.testing.assert_allclose(item["proportional"], record.meta["n"] * record.x)
+        assert item["truths"] == [record.truth] * len(record.x)
+        assert item["expected_truths"] == [float(record.truth)] * len(record.x)
+        assert item["expected_name"].startswith("E[k]") and item["prompt_end"] is None
+    record = result.records[0]
+    record.meta["event"] = 2  # one event of n scaled: the count that would follow time is n - 1 + c
+    item = explorer_data([("run", result)])["runs"][0]["items"][0]
+    np.testing.assert_allclose(item["proportional"], record.meta["n"] - 1 + record.x)
+    assert explorer_data([("run", ExperimentResult("unregistered", "tiny", {}, result.records))])["about"].startswith(
+        "Pick an item"
+    )
+
+
+def test_an_interpolation_shows_its_truth_at_the_ends_and_its_second_prompt_at_the_far_end() -> None:
+    x = np.linspace(0.0, 1.0, 5)
+    p1 = np.linspace(0.2, 0.7, 5)
+    probs = np.stack([0.8 - p1, p1, np.full_like(x, 0.1), np.full_like(x, 0.1)], axis=1)
+    meta = {
+        "first": "AND",
+        "second": "OR",
+        "truth_first": 0,
+        "truth_second": 1,
+        "prompt": "What is 0 AND 1?",
+        "prompt_tokens": 6,
+        "edited": [3],
+        "edited_tokens": [" AND"],
+        "prompt_second": "What is 0 OR 1?",
+        "prompt_tokens_second": 6,
+        "edited_second": [3],
+        "edited_tokens_second": [" OR"],
+    }
+    result = ExperimentResult(
+        "boolean", "tiny", {}, [Sweep("AND-OR-01", x, ["0", "1", "false", "true"], probs, None, meta)], x_label="alpha"
+    )
+    item = explorer_data([("run", result)])["runs"][0]["items"][0]
+    assert item["truths"] == ["0", None, None, None, "1"]
+    assert item["expected_truths"] == [0.0, None, None, None, 1.0]
+    assert item["expected_name"] == "P(1) / (P(0) + P(1))"
+    np.testing.assert_allclose(item["expected"], p1 / (0.8 - p1 + p1))
+    assert item["proportional"] is None and item["scales"] is False
+    assert (item["prompt"], item["span"], item["tokens"]) == ("What is 0 AND 1?", "AND", 6)
+    assert (item["prompt_end"], item["span_end"], item["tokens_end"], item["edited_end"]) == (
+        "What is 0 OR 1?",
+        "OR",
+        6,
+        [3],
+    )
+    yes_no = Sweep(
+        "w", x, ["yes", "no"], np.stack([p1, 1 - p1], axis=1), None, {"truth_first": "yes", "truth_second": "no"}
+    )
+    item = explorer_data([("run", ExperimentResult("interpolation", "tiny", {}, [yes_no], x_label="alpha"))])
+    item = item["runs"][0]["items"][0]
+    assert item["expected_name"] == "P(yes) / (P(yes) + P(no))" and item["expected_truths"][::4] == [1.0, 0.0]
 
 
 def test_a_prompt_holding_a_closing_tag_cannot_end_the_data_early() -> None:

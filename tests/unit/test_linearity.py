@@ -197,7 +197,7 @@ def test_the_comparison_draws_runs_side_by_side(full_run: Path) -> None:
 
     result = EXPERIMENT.load_result(json.loads((full_run / "results.json").read_text()))
     fig = EXPERIMENT.comparison([("a", result), ("b", result)])
-    assert [ax.get_title() for ax in fig.axes] == ["mean of max |p(alpha) - chord|", "mean R² of the chord fit"]
+    assert [ax.get_title(loc="left") for ax in fig.axes] == ["mean of max |p(alpha) - chord|", "mean R² of the chord fit"]
     assert len(fig.axes[0].patches) == 4 * 2 * 2  # all + three sources, real and baseline, two runs
     plt.close(fig)
     with pytest.raises(ExperimentError, match="malformed linearity record"):

@@ -171,6 +171,30 @@ def test_load_local_directory(tmp_path: Path) -> None:
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
 
 
+def test_a_load_draws_no_progress_bar_and_leaves_the_setting_as_it_was(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from transformers.utils import logging as hf_logging
+
+    directory = tiny_directory(tmp_path / "tiny")
+    capfd.readouterr()
+    hf_logging.enable_progress_bar()
+    try:
+        with M.load.quiet_loading():
+            tf.AutoModelForCausalLM.from_pretrained(directory)  # the bar a plain transformers load would draw
+        assert hf_logging.is_progress_bar_enabled()
+        M.load_model(directory, device="cpu")
+        assert hf_logging.is_progress_bar_enabled()  # restored after the load
+        assert "Loading weights" not in capfd.readouterr().err
+        tf.AutoModelForCausalLM.from_pretrained(directory)
+        assert "Loading weights" in capfd.readouterr().err  # so the check above could fail
+        hf_logging.disable_progress_bar()
+        M.load_model(directory, device="cpu")
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()
+
+
 def test_load_local_directory_in_bfloat16_eager(tmp_path: Path) -> None:
     loaded = M.load_model(tiny_directory(tmp_path / "tiny"), dtype="bf16", attn_implementation="eager")
     assert loaded.model.dtype == torch.bfloat16

@@ -227,3 +227,61 @@ def test_a_number_the_experiment_describes_a_run_by_is_one_column(two_counting_r
     assert columns.count("samples") == 1, columns
     assert len(set(columns)) == len(columns)
     assert all(len(row) == len(columns) for row in rows)
+
+
+def test_the_truth_column_of_an_interpolation_holds_each_ends_answer(tmp_path: Path) -> None:
+    """results.csv of a Boolean run: the first operator's truth value at alpha 0, the second's at alpha 1, none between."""
+    run = fake_run(tmp_path / "bool", boolean_result("tiny"))
+    with (run / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        a, b = int(row["item"][-2]), int(row["item"][-1])
+        alpha = float(row["alpha"])
+        expected = {0.0: str(a & b), 1.0: str(a ^ b)}.get(alpha, "")
+        assert row["truth"] == expected, row
+    assert {r["truth"] for r in rows if float(r["alpha"]) in (0.0, 1.0)} == {"0", "1"}
+    # a duration sweep keeps its one truth on every row
+    counting = fake_run(tmp_path / "count", counting_result("tiny", np.linspace(0.1, 1.0, 4)))
+    with (counting / "results.csv").open() as f:
+        assert {(r["item"], r["truth"]) for r in csv.DictReader(f)} == {
+            ("count-000", "2"), ("count-001", "3"), ("count-002", "4")
+        }
+
+
+def test_runs_of_different_items_are_compared_on_the_shared_ones_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    x = np.linspace(0.1, 1.0, 6)
+    whole = counting_result("tiny-a", x)
+    part = counting_result("tiny-b", x)
+    part.records = [s for s in part.records if s.item_id != "count-001"]
+    runs = [fake_run(tmp_path / "a", whole), fake_run(tmp_path / "b", part)]
+    with caplog.at_level("WARNING", logger="contllm"):
+        result = report(str(runs[0]), str(runs[1]), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "different items (tiny-a 3, tiny-b 2)" in warned[0] and "the 2 items" in warned[0]
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "**Note:** the runs hold different items" in md
+    with (tmp_path / "out" / "summary.csv").open() as f:
+        rows = {r["model"]: r for r in csv.DictReader(f)}
+    assert rows["tiny-a"]["items"] == rows["tiny-b"]["items"] == "2"
+    # the same model on the same two items: the same numbers
+    assert rows["tiny-a"]["mean_spearman_implied_vs_factor"] == rows["tiny-b"]["mean_spearman_implied_vs_factor"]
+    # runs of the same items: no warning, no note
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="contllm"):
+        same = report(str(runs[0]), str(fake_run(tmp_path / "c", counting_result("tiny-c", x))), "--out",
+                      str(tmp_path / "out2"))
+    assert same.exit_code == 0 and not caplog.records
+    assert "Note" not in (tmp_path / "out2" / "summary.md").read_text()
+
+
+def test_runs_that_share_no_item_are_refused(tmp_path: Path) -> None:
+    x = np.linspace(0.1, 1.0, 4)
+    other = counting_result("tiny-b", x)
+    for s in other.sweeps:
+        s.item_id = s.item_id.replace("count", "other")
+    runs = [fake_run(tmp_path / "a", counting_result("tiny-a", x)), fake_run(tmp_path / "b", other)]
+    one_line_error(report(str(runs[0]), str(runs[1]), "--out", str(tmp_path / "out")), "the runs share no item")
+    assert not (tmp_path / "out").exists()
