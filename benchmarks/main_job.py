@@ -226,9 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "dtype": manifest["dtype"],
             "cache": cache,
             "seconds": {
-                "imports": round(IMPORTS, 1),
-                "end_to_end": round(wall, 1),
-                **{k: (None if v is None else round(v, 1)) for k, v in seconds.items()},
+                "imports": round(IMPORTS, 3),
+                "end_to_end": round(wall, 3),
+                **{k: (None if v is None else round(v, 3)) for k, v in seconds.items()},
             },
             "overhead": round(overhead, 3),
             "efficiency": round(efficiency, 3),
