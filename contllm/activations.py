@@ -177,7 +177,10 @@ def run_with_hooks(
         in inference mode as ``lm.logits`` does. The model's parameters take no gradients.
 
     Every hook is removed when the call returns or raises. UnsupportedModelError when the
-    forward never reached a hooked name; SignalError for an unknown name or a bad position.
+    forward never reached a hooked name; SignalError for an unknown name, a bad position,
+    hooks that are not a list of (target, fn) pairs, a target that is no name or predicate,
+    a hook function returning anything but None or a float tensor of the value's shape
+    (:func:`contllm.intervention.replacement`), or a signal ``lm.logits`` would refuse.
     """
     single = isinstance(signals, Signal)
     items = check_signals(signals, single_ok=True)

@@ -420,25 +420,43 @@ def default_batch_tokens(lm: EvaluatedModel) -> int:
     return int(min(max(_ACCELERATOR_MEMORY_SHARE * free / per_token, 1024), 1 << 20))
 
 
-def check_signals(signals: Signal | Sequence[Signal], *, single_ok: bool = False) -> list[Signal]:
-    """``signals`` as a list of Signal objects (also one Signal alone with ``single_ok``); SignalError naming them."""
+def check_signals(
+    signals: Signal | Sequence[Signal], *, single_ok: bool = False, evaluated: bool = True
+) -> list[Signal]:
+    """``signals`` as a list of Signal objects (also one Signal alone with ``single_ok``), each checked for evaluation.
+
+    The one gate every entry point that runs signals goes through (the engine,
+    ``lm.logits``, run_with_cache, run_with_hooks, hooks, gradients, forward_kwargs, trace,
+    generate), before anything is batched or run. SignalError, naming the signal, for
+    anything but Signal objects, for values a signal's tensors got by an in-place edit
+    (:meth:`Signal.check_values <contllm.signal.Signal.check_values>`: durations finite and
+    >= 0, times finite and within +-MAX_TIME, embeds finite) and, when ``evaluated``, for a
+    signal whose every token has duration 0 (nothing to attend to: its output is undefined).
+    ``evaluated=False`` (``lm.embed``) keeps such a signal.
+    """
     if isinstance(signals, Signal):
-        if single_ok:
-            return [signals]
-        raise SignalError("Engine takes a sequence of signals; wrap a single signal in a list")
-    if isinstance(signals, (str, bytes)):
+        if not single_ok:
+            raise SignalError("Engine takes a sequence of signals; wrap a single signal in a list")
+        items = [signals]
+    elif isinstance(signals, (str, bytes)):
         raise SignalError(
             f"signals must be a Signal or a list of them, got the string {signals[:40]!r}; "
             "build a signal from text with lm.signal(text)"
         )
-    if not isinstance(signals, Iterable):
+    elif not isinstance(signals, Iterable):
         raise SignalError(f"signals must be a Signal or a list of them, got {type(signals).__name__}")
-    items = list(signals)
+    else:
+        items = list(signals)
     if not items:
         raise SignalError("no signals given; the engine needs at least one")
     for i, s in enumerate(items):
         if not isinstance(s, Signal):
             raise SignalError(f"signals: item {i} is a {type(s).__name__}, not a Signal")
+    for k, s in enumerate(items):
+        name = "signal" if len(items) == 1 else f"signals[{k}]"
+        s.check_values(name)
+        if evaluated and not bool((s.durations > 0).any()):
+            raise SignalError(f"{name}: every token has duration 0: nothing to attend to, the output is undefined")
     return items
 
 
@@ -477,11 +495,12 @@ def normalize_positions(positions: Any) -> Literal["last", "all"] | int | list[i
 
 
 def check_inputs(lm: EvaluatedModel, signals: Sequence[Signal], reads: Sequence[Sequence[int]]) -> None:
-    """Check ``signals`` against the model before anything runs.
+    """Check ``signals`` (as :func:`check_signals` returned them) against the model before anything runs.
 
     SignalError for a token id outside the vocabulary, embeds of the wrong width, or a
     read position that sees no token of positive duration (every token at or before its
-    time has duration 0: the attention integral is 0/0, so its output is undefined).
+    time has duration 0: the attention integral is 0/0, so its output is undefined; a
+    signal whose every token has duration 0 is refused by :func:`check_signals` already).
     A signal longer than the model's ``max_position_embeddings``, or reaching a later
     time, gets a :class:`ContextLengthWarning`, once per model.
     """
@@ -491,8 +510,6 @@ def check_inputs(lm: EvaluatedModel, signals: Sequence[Signal], reads: Sequence[
         name = "signal" if len(signals) == 1 else f"signals[{k}]"
         s.check_for_model(vocab_size=vocab, hidden_size=hidden, name=name)
         blind = s.blind_positions(read)
-        if blind and not bool((s.durations > 0).any()):
-            raise SignalError(f"{name}: every token has duration 0: nothing to attend to, the output is undefined")
         if blind:
             i = blind[0]
             raise SignalError(

@@ -184,7 +184,7 @@ def generate(
         raise SignalError(
             f"signal must be a Signal or a list of them, got {type(signals).__name__}; build one with lm.signal(text)"
         )
-    items = [signals] if isinstance(signals, Signal) else check_signals(signals)
+    items = check_signals(signals, single_ok=True)
     steps, rule, sampler, stops = check_options(
         max_new_tokens,
         duration=duration,

@@ -19,7 +19,7 @@ times.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +36,7 @@ from contllm.hooks import output_hook
 from contllm.intervention import Hook, hooks
 from contllm.signal import Signal, pad_signals
 
-__all__ = ["Gradients", "gradients", "rotary_gradients"]
+__all__ = ["Gradients", "check_readout", "gradients", "readout_values", "rotary_gradients", "wrt_targets"]
 
 #: What ``wrt`` may name besides activations.
 INPUTS = ("durations", "embeds")
@@ -99,6 +99,63 @@ def rotary_gradients(lm: Any) -> Iterator[None]:
         yield
 
 
+def wrt_targets(lm: Any, wrt: Any) -> tuple[list[str], list[str]]:
+    """(inputs of :data:`INPUTS`, activation names) that ``wrt`` asks gradients by; SignalError naming ``wrt``.
+
+    wrt: "durations", "embeds", an activation name, a short form or a predicate, or a list
+    of them; anything else (a number, None, an empty list) is refused.
+    """
+    if isinstance(wrt, str) or callable(wrt):
+        wanted = [wrt]
+    elif isinstance(wrt, Iterable) and not isinstance(wrt, (bytes, torch.Tensor)):
+        wanted = list(wrt)
+    else:
+        shown = repr(wrt)
+        raise SignalError(
+            f"wrt must be {', '.join(map(repr, INPUTS))}, an activation name (or short form, or predicate) or a "
+            f"list of them; got {type(wrt).__name__} {shown[:60] + '...' if len(shown) > 60 else shown}"
+        )
+    inputs = [w for w in wanted if isinstance(w, str) and w in INPUTS]
+    others = [w for w in wanted if not (isinstance(w, str) and w in INPUTS)]
+    names = resolve_names(lm, others, what="wrt") if others else []
+    if not inputs and not names:
+        raise SignalError(f"wrt names nothing to differentiate by; give {', '.join(INPUTS)} or activation names")
+    return inputs, names
+
+
+def check_readout(readout: Any) -> None:
+    """SignalError unless ``readout`` is callable (a function of the logits)."""
+    if not callable(readout):
+        shown = repr(readout)
+        raise SignalError(
+            "readout must be a function of the logits returning one value per signal, e.g. "
+            f"lambda logits: logits.log_softmax(-1)[:, token]; got {type(readout).__name__} "
+            f"{shown[:60] + '...' if len(shown) > 60 else shown}"
+        )
+
+
+def readout_values(values: Any, rows: int) -> torch.Tensor:
+    """``values``, what a read-out returned for ``rows`` signals, checked: SignalError unless they can be differentiated.
+
+    They must be a floating-point tensor of shape [rows] computed from the logits with
+    torch operations (in the autograd graph): not detached, not rebuilt from numbers.
+    """
+    if not isinstance(values, torch.Tensor) or values.shape != (rows,):
+        got = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+        raise SignalError(f"readout must return one value per signal, a tensor of shape ({rows},); got {got}")
+    if not values.is_floating_point():
+        raise SignalError(
+            f"readout returned a {values.dtype} tensor; it must return floating-point values computed from "
+            "the logits (an integer, boolean or complex value has no gradient)"
+        )
+    if not values.requires_grad:
+        raise SignalError(
+            "readout returned values without a gradient: they must be computed from the logits with torch "
+            "operations, not detached (.detach(), .item(), .numpy(), torch.tensor(...) of numbers) nor constant"
+        )
+    return values
+
+
 def gradients(
     lm: Any,
     signals: Signal | Sequence[Signal],
@@ -116,18 +173,16 @@ def gradients(
     wrt: "durations", "embeds" and activation names (or short forms, or predicates), one or
         a list.
     Returns :class:`Gradients`. Signals do not interact, so each signal's gradients are
-    those of its own value. SignalError for an unknown name, "all" positions, a bad
-    read-out, or a signal ``lm.logits`` would refuse.
+    those of its own value. SignalError for a ``wrt`` that names nothing or is no name (a
+    number, None), an unknown name, "all" positions, a read-out that is not callable or
+    returns anything but float values with a gradient, one per signal (:func:`check_readout`,
+    :func:`readout_values`), or a signal ``lm.logits`` would refuse.
     """
     items = check_signals(signals, single_ok=True)
     if normalize_positions(positions) == "all":
         raise SignalError('gradients read chosen positions: give "last", an index or a list of indices, not "all"')
-    wanted = [wrt] if isinstance(wrt, str) or callable(wrt) else list(wrt)
-    inputs = [w for w in wanted if isinstance(w, str) and w in INPUTS]
-    others = [w for w in wanted if not (isinstance(w, str) and w in INPUTS)]
-    names = resolve_names(lm, others) if others else []
-    if not inputs and not names:
-        raise SignalError(f"wrt names nothing to differentiate by; give {', '.join(INPUTS)} or activation names")
+    check_readout(readout)
+    inputs, names = wrt_targets(lm, wrt)
     reads = read_indices(items, positions)
     check_inputs(lm, items, reads)
     graph_batch = differentiable_batch(lm, items, durations="durations" in inputs)
@@ -145,10 +200,7 @@ def gradients(
     ):
         logits = shaped(forward_reads(lm, graph_batch, reads), positions)
         assert isinstance(logits, torch.Tensor)  # not "all" positions
-        values = readout(logits)
-        if not isinstance(values, torch.Tensor) or values.shape != (len(items),):
-            got = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
-            raise SignalError(f"readout must return one value per signal, a tensor of shape ({len(items)},); got {got}")
+        values = readout_values(readout(logits), len(items))
         state.check_reached()
         leaves = [t for t, on in ((durations, "durations" in inputs), (embeds, "embeds" in inputs)) if on]
         found = torch.autograd.grad(values.sum(), [*leaves, *(captured[n] for n in names)], allow_unused=True)

@@ -57,6 +57,7 @@ results are per query head (query head h reads key/value head h // (heads / kv_h
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -272,14 +273,18 @@ def act_name(key: Any, layer: int | None = None, sub: str | None = None) -> str:
     return f"blocks.{layer}.{SHORT_NAMES[key]}"
 
 
-def resolve_names(lm: Any, targets: Any) -> list[str]:
+def resolve_names(lm: Any, targets: Any, *, what: str = "names") -> list[str]:
     """The activation names ``targets`` selects: a name, a short form, a predicate ``fn(name) -> bool``, or a list of them.
 
-    Returns the names in forward order, each once; SignalError for an unknown name, or for
-    a predicate that selects nothing.
+    Returns the names in forward order, each once; SignalError for an unknown name, for
+    a predicate that selects nothing, or for a target of another kind (a number, None),
+    the message naming the argument as ``what``.
     """
     known = points(lm)
-    items = [targets] if isinstance(targets, (str, tuple)) or callable(targets) else list(targets)
+    single = isinstance(targets, (str, tuple)) or callable(targets)
+    if not single and (isinstance(targets, bytes) or not isinstance(targets, Iterable)):
+        raise _bad_target(targets, what)
+    items = [targets] if single else list(targets)
     chosen: set[str] = set()
     for item in items:
         if callable(item):
@@ -288,11 +293,22 @@ def resolve_names(lm: Any, targets: Any) -> list[str]:
                 raise SignalError(f"the predicate {getattr(item, '__name__', item)!r} selects no activation name")
             chosen.update(picked)
             continue
+        if not isinstance(item, (str, tuple)):
+            raise _bad_target(item, what)
         name = act_name(item)
         if name not in known:
             raise _unknown(name, known)
         chosen.add(name)
     return [n for n in known if n in chosen]
+
+
+def _bad_target(target: Any, what: str) -> SignalError:
+    shown = repr(target)
+    shown = shown if len(shown) <= 60 else shown[:60] + "..."
+    return SignalError(
+        f"{what} must be an activation name, a short form such as ('resid_post', 0), a predicate "
+        f"fn(name) -> bool, or a list of them; got {type(target).__name__} {shown}"
+    )
 
 
 def position_module(lm: Any) -> nn.Module:

@@ -87,7 +87,10 @@ def forward_kwargs(lm: Any, signals: Signal | Sequence[Signal]) -> ForwardInputs
 
     lm: a ContinuousLM; signals: one Signal or a list (padded on the left with
     zero-duration tokens). Raises SignalError for anything but signals, token ids outside
-    the vocabulary or embeddings of the wrong width.
+    the vocabulary or embeddings of the wrong width, and by the rule of every other entry
+    point (:func:`contllm.engine.check_signals`) for a signal whose every token has
+    duration 0 (its output is undefined) or whose tensors were edited in place to values a
+    signal cannot hold (NaN or negative durations, times beyond +-MAX_TIME).
     """
     items = check_signals(signals, single_ok=True)
     batch = pad_signals(items)
@@ -150,7 +153,8 @@ def trace(lm: Any, signals: Signal | Sequence[Signal], *, grad: bool = False, **
 
     nnsight wraps the forward of every module of the model it traces, for good (inert
     outside a trace; contllm's own evaluation is unchanged by it): trace a copy of a model
-    others use. UnsupportedModelError when nnsight is not installed.
+    others use. UnsupportedModelError when nnsight is not installed; SignalError for the
+    signals :func:`forward_kwargs` refuses.
     """
     try:
         import nnsight

@@ -2,7 +2,9 @@
 
 :func:`hooks` is a context manager. While it lasts, every forward of the model calls
 ``fn(activation, hook)`` at each named point (:mod:`contllm.hookpoints`) it was given;
-``fn`` may return a replacement (same shape), or None to leave the activation as it is.
+``fn`` may return a replacement (a floating-point tensor of the same shape, converted to
+the activation's dtype and device), or None to leave the activation as it is; anything
+else raises SignalError naming the point.
 ``hook`` is a :class:`Hook`: the point's name and layer, and the padded batch the
 forward runs (each column's time and duration, each row's padding). Backward hooks
 ``fn(grad, hook)`` are attached to the activation's tensor in the autograd graph, so they
@@ -21,7 +23,7 @@ is rebuilt from it (the same value to float rounding).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,15 +150,8 @@ class _Run:
             value = value.detach().requires_grad_(True)
         for fn in self.fwd.get(point.name, ()):
             new = fn(value, hook)
-            if new is None:
-                continue
-            if not isinstance(new, torch.Tensor) or new.shape != value.shape:
-                got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
-                raise SignalError(
-                    f"{point.name}: a hook function returned {got}; return a tensor of the activation's shape "
-                    f"{tuple(value.shape)}, or None to keep it"
-                )
-            value = new.to(device=value.device, dtype=value.dtype)
+            if new is not None:
+                value = replacement(point.name, new, value)
         self.state.fired.add(point.name)
         for fn in self.bwd.get(point.name, ()):
             if not value.requires_grad:
@@ -168,8 +163,44 @@ class _Run:
         return value
 
 
+def replacement(name: str, new: Any, value: torch.Tensor, what: str = "a hook function") -> torch.Tensor:
+    """What a hook function at the point ``name`` returned instead of ``value``, in ``value``'s dtype and device.
+
+    The one check of every hook function's return, forward and backward: a floating-point
+    tensor of ``value``'s shape, holding data (not on the meta device) on a device it can be
+    moved from; another floating-point dtype or device is converted. SignalError naming the
+    point otherwise (None, "keep the value", is the caller's to handle).
+    """
+    keep = "or None to keep it"
+    if not isinstance(new, torch.Tensor) or new.shape != value.shape:
+        got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
+        raise SignalError(
+            f"{name}: {what} returned {got}; return a tensor of the activation's shape {tuple(value.shape)}, {keep}"
+        )
+    if value.is_floating_point() and not new.is_floating_point():
+        raise SignalError(
+            f"{name}: {what} returned a {new.dtype} tensor; return floating-point values ({value.dtype}), {keep}"
+        )
+    if new.device.type == "meta":
+        raise SignalError(
+            f"{name}: {what} returned a tensor on the meta device, which holds no values; "
+            f"return values (on {value.device}), {keep}"
+        )
+    try:
+        return new.to(device=value.device, dtype=value.dtype)
+    except (RuntimeError, NotImplementedError) as err:
+        raise SignalError(
+            f"{name}: {what} returned a tensor on {new.device} that cannot be moved to the activation's device "
+            f"{value.device} ({str(err).splitlines()[0] if str(err) else type(err).__name__}); {keep}"
+        ) from err
+
+
 def _backward(fn: HookFn, hook: Hook) -> Callable[[torch.Tensor], torch.Tensor | None]:
-    return lambda grad: fn(grad, hook)
+    def call(grad: torch.Tensor) -> torch.Tensor | None:
+        new = fn(grad, hook)
+        return None if new is None else replacement(hook.name, new, grad, "a backward hook function")
+
+    return call
 
 
 # ---------------------------------------------------------------------- module sites
@@ -395,16 +426,30 @@ def _embeddings(run: _Run, parts: dict[str, Point], stack: ExitStack, net: nn.Mo
 
 
 def _pairs(lm: Any, given: Any, what: str) -> dict[str, list[HookFn]]:
-    """{name: [fn, ...]} of a list of (name | short form | predicate | list of them, fn) pairs."""
+    """{name: [fn, ...]} of a list of (name | short form | predicate | list of them, fn) pairs.
+
+    The one check of the hook pairs every entry point takes (run_with_hooks, hooks,
+    gradients): SignalError naming ``what`` for anything but a list of pairs (one pair
+    alone is taken too), a pair whose fn is not callable, or a target that names no
+    activation (:func:`contllm.hookpoints.resolve_names`).
+    """
+    if given is None:
+        return {}
     if isinstance(given, tuple) and len(given) == 2 and callable(given[1]):
         given = [given]
+    if callable(given) or isinstance(given, (str, bytes, torch.Tensor)) or not isinstance(given, Iterable):
+        shown = getattr(given, "__name__", None) or repr(given)[:60]
+        raise SignalError(
+            f"{what} must be a list of (name or predicate, fn) pairs with fn(activation, hook), got "
+            f"{type(given).__name__} {shown}; e.g. {what}=[('blocks.0.hook_resid_post', fn)]"
+        )
     out: dict[str, list[HookFn]] = {}
-    for item in list(given or ()):
+    for i, item in enumerate(given):
         if not (isinstance(item, (tuple, list)) and len(item) == 2 and callable(item[1])):
             raise SignalError(
                 f"{what} must be a list of (name or predicate, fn) pairs with fn(activation, hook), got {item!r}"
             )
-        for name in resolve_names(lm, item[0]):
+        for name in resolve_names(lm, item[0], what=f"the target of {what}[{i}]"):
             out.setdefault(name, []).append(item[1])
     return out
 
@@ -429,6 +474,12 @@ def hooks(
     graph: names whose values must sit in the autograd graph (gradients are read there).
     Yields a :class:`HookState`. Hooks are registered on entering and removed on exit,
     also when the body raises.
+
+    SignalError on entering for signals :func:`contllm.engine.check_signals` refuses, hooks
+    that are not a list of (target, fn) pairs (a bare function), a target that is no name,
+    short form or predicate (a number, None), or an unknown name; and in the forward, naming
+    the point, for a hook function (forward or backward) that returns anything but None or
+    a floating-point tensor of the value's shape that holds data (:func:`replacement`).
     """
     items = tuple(check_signals(signals, single_ok=True))
     fwd, bwd = _pairs(lm, fwd_hooks, "fwd_hooks"), _pairs(lm, bwd_hooks, "bwd_hooks")

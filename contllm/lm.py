@@ -141,8 +141,11 @@ class ContinuousLM:
         return Signal.from_text(self.tokenizer, text, add_special_tokens=add_special_tokens)
 
     def embed(self, signals: Signal | Sequence[Signal]) -> list[torch.Tensor]:
-        """Input embeddings [tokens, hidden] of each signal, by the model's own embedding module."""
-        items = check_signals(signals, single_ok=True)
+        """Input embeddings [tokens, hidden] of each signal, by the model's own embedding module.
+
+        Durations play no part here: a signal whose every duration is 0 is embedded too.
+        """
+        items = check_signals(signals, single_ok=True, evaluated=False)
         embedding = self.model.get_input_embeddings()
         with torch.inference_mode():
             return [s.embedded(embedding).embeds for s in items]  # type: ignore[misc]
@@ -253,9 +256,10 @@ class ContinuousLM:
         the same numbers (a half-precision model runs with a float32 state either way).
 
         Raises SignalError for anything but a Signal or a list of them, a token id outside
-        the vocabulary, embeds of the wrong width, a bad ``positions``, or a read position
+        the vocabulary, embeds of the wrong width, a bad ``positions``, a read position
         with nothing to attend to (every token at or before its time has duration 0, e.g.
-        every token deleted). A signal beyond the model's max_position_embeddings (in
+        every token deleted), or a signal's tensors edited in place to values it cannot
+        hold (NaN or negative durations, times beyond +-MAX_TIME). A signal beyond the model's max_position_embeddings (in
         tokens or in time) runs, with a :class:`~contllm.engine.ContextLengthWarning` once per model.
         """
         single = isinstance(signals, Signal)
@@ -323,7 +327,10 @@ class ContinuousLM:
         a replacement or None, ``hook.name``, ``hook.times`` and ``hook.durations`` describe
         the point and the padded batch. Returns logits shaped as :meth:`logits` gives them;
         with bwd_hooks (or ``grad=True``) they carry the autograd graph. Nothing is left on
-        the model afterwards, also when a hook raises.
+        the model afterwards, also when a hook raises. SignalError for hooks that are not a
+        list of pairs (a bare function), a target that is no name or predicate, a hook
+        function that returns anything but None or a float tensor of the value's shape, or
+        a signal :meth:`logits` would refuse.
         """
         return run_with_hooks(self, signals, fwd_hooks=fwd_hooks, bwd_hooks=bwd_hooks, positions=positions, grad=grad)
 
@@ -333,6 +340,7 @@ class ContinuousLM:
         """Hook functions for every forward of ``signals`` while the context lasts: :func:`contllm.intervention.hooks`.
 
         E.g. ``with lm.hooks(signals, [("blocks.3.attn.hook_z", ablate)]): cache = lm.run_with_cache(signals)``.
+        SignalError on entering for hooks that are not a list of (target, fn) pairs or a bad target.
         """
         return hooks(self, signals, fwd_hooks, bwd_hooks)
 
@@ -348,6 +356,9 @@ class ContinuousLM:
 
         readout maps the batch's logits ([batch, vocab] at the last position by default) to
         one value per signal; wrt lists "durations", "embeds" and activation names.
+        SignalError for a readout that is not callable or returns anything but float values
+        with a gradient, one per signal, a ``wrt`` that is no name (a number, None), or a
+        signal :meth:`logits` would refuse.
         """
         return gradients(self, signals, readout, positions=positions, wrt=wrt)
 
@@ -356,6 +367,8 @@ class ContinuousLM:
 
         ``with lm.trace(signals) as tr:`` then ``tr.model.model.layers[5].output.save()``,
         ``tr.model.output.logits``, and ``tr.columns(-1)`` for each row's last token.
+        SignalError for a signal :meth:`logits` would refuse whatever it reads (every duration
+        0, durations or times edited in place to values a signal cannot hold).
         """
         return trace(self, signals, grad=grad, **options)
 

@@ -7,9 +7,11 @@ the times are derived from the durations, t_i = start + d_1 + ... + d_i, with
 like the position ids of the stock model. Times can also be given explicitly (several
 tokens may share one time).
 
-Signals are immutable: every edit returns a new signal. Edits are addressed by
-character spans ``(start, end)`` of the text the signal was tokenized from, never by
-searching decoded tokens.
+Signals are immutable: every edit returns a new signal, and no two signals share a tensor
+(each holds its own copy of what it was made from). Edits are addressed by character
+spans ``(start, end)`` of the text the signal was tokenized from, never by searching
+decoded tokens. A tensor edited in place (``signal.durations[1] = nan``) is checked again
+wherever the signal is evaluated (:meth:`Signal.check_values`).
 
 Limits (a :class:`~contllm.errors.SignalError` names the argument that breaks one):
 every time lies within +-:data:`MAX_TIME` (the model reads times as float32 positions);
@@ -90,6 +92,16 @@ def _as_index(value: Any, name: str) -> int:
         raise SignalError(f"{name} must be an integer, got {_describe(value)}") from err
 
 
+def _check_embeds_finite(embeds: torch.Tensor) -> None:
+    if not torch.isfinite(embeds).all():
+        raise SignalError("embeds contain NaN or infinite values")
+
+
+def _check_times_finite(times: torch.Tensor) -> None:
+    if not torch.isfinite(times).all():
+        raise SignalError("times must be finite")
+
+
 def _check_times(times: torch.Tensor) -> None:
     """SignalError unless every time is finite and within +-MAX_TIME (names the first bad token)."""
     bad = ~(times.abs() <= MAX_TIME)  # also true for NaN
@@ -135,7 +147,8 @@ class Signal:
     offsets: tuple[Span, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        durations = _as_float_vector(self.durations, "durations")
+        # Every tensor is the signal's own copy: a signal shares none with its source or its edits.
+        durations = _as_float_vector(self.durations, "durations").clone()
         object.__setattr__(self, "durations", durations)
         n = durations.shape[0]
         if n == 0:
@@ -151,7 +164,7 @@ class Signal:
                 )
             if ids.shape[0] != n:
                 raise SignalError(f"{ids.shape[0]} token ids but {n} durations; the lengths must match")
-            object.__setattr__(self, "token_ids", ids.long())
+            object.__setattr__(self, "token_ids", ids.long().clone())
         if self.embeds is not None:
             if not isinstance(self.embeds, torch.Tensor):
                 raise SignalError(f"embeds must be a torch.Tensor [tokens, hidden], got {_describe(self.embeds)}")
@@ -160,16 +173,14 @@ class Signal:
                 raise SignalError(f"embeds must be a floating-point tensor, got {embeds.dtype}")
             if embeds.ndim != 2 or embeds.shape[0] != n:
                 raise SignalError(f"embeds must have shape [tokens, hidden] with {n} tokens, got {tuple(embeds.shape)}")
-            if not torch.isfinite(embeds).all():
-                raise SignalError("embeds contain NaN or infinite values")
-            object.__setattr__(self, "embeds", embeds)
+            _check_embeds_finite(embeds)
+            object.__setattr__(self, "embeds", embeds.clone())
         if self.explicit_times is not None:
             times = _as_float_vector(self.explicit_times, "times")
             if times.shape[0] != n:
                 raise SignalError(f"{times.shape[0]} times but {n} durations; the lengths must match")
-            if not torch.isfinite(times).all():
-                raise SignalError("times must be finite")
-            object.__setattr__(self, "explicit_times", times)
+            _check_times_finite(times)
+            object.__setattr__(self, "explicit_times", times.clone())
         start = _as_number(self.start, "start")
         if not math.isfinite(start):
             raise SignalError(f"start must be finite, got {self.start}")
@@ -177,6 +188,24 @@ class Signal:
         _check_times(self.times)
         if self.offsets is not None and len(self.offsets) != n:
             raise SignalError(f"{len(self.offsets)} character offsets but {n} tokens")
+
+    def check_values(self, name: str = "signal") -> None:
+        """SignalError, its message starting with ``name``, unless the signal's tensors still hold valid values.
+
+        A signal is checked when it is made, but its tensors can be edited in place
+        afterwards (``signal.durations[1] = float("nan")``). Every evaluation checks again
+        (:func:`contllm.engine.check_signals`): durations finite and >= 0, explicit times
+        finite, every time within +-:data:`MAX_TIME`, embeds finite.
+        """
+        try:
+            _check_durations(self.durations)
+            if self.explicit_times is not None:
+                _check_times_finite(self.explicit_times)
+            _check_times(self.times)
+            if self.embeds is not None:
+                _check_embeds_finite(self.embeds)
+        except SignalError as err:
+            raise SignalError(f"{name}: {err}") from None
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -312,9 +312,17 @@ def attribute(
 
     Tokens before the first attributed token (and before the read position) keep their
     durations and times all along the path: they run once, without gradients, and their
-    keys are reused. Raises SignalError for bad indices, steps or floor, or a baseline
-    whose read position sees no token of positive duration.
+    keys are reused. Raises SignalError for a ``readout`` that is not a :class:`Readout`
+    (a function of the logits goes to ``lm.gradients``), bad indices, steps or floor, or a
+    baseline whose read position sees no token of positive duration.
     """
+    if not isinstance(readout, Readout):
+        shown = getattr(readout, "__qualname__", None) or repr(readout)
+        raise SignalError(
+            "readout must be a contllm.attribution.Readout (e.g. Readout.tokens([token_id])); got "
+            f"{type(readout).__name__} {shown[:60] + '...' if len(shown) > 60 else shown}; "
+            "for a function of the logits, take lm.gradients"
+        )
     chosen, position = _check_tokens(signal, tokens, position)
     if not (isinstance(floor, (int, float)) and 0 <= floor < 1):
         raise SignalError(f"floor must be 0 (deletion) or a duration factor in (0, 1), got {floor!r}")

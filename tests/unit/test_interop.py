@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -67,6 +69,58 @@ def test_forward_kwargs_refuses_what_is_not_a_signal() -> None:
         lm.forward_kwargs(Signal.from_ids(torch.tensor([1, 500])))
 
 
+def nan_in_place() -> Signal:
+    s = Signal.from_ids(prompt(6, 1), random_durations(6, 1))
+    s.durations[1] = float("nan")
+    return s
+
+
+def negative_in_place() -> Signal:
+    s = Signal.from_ids(prompt(6, 1), random_durations(6, 1))
+    s.durations[2] = -5.0
+    return s
+
+
+#: (id, a signal the other entry points refuse, a regex of their message): the same rule for forward_kwargs and trace.
+UNDEFINED = [
+    (
+        "all-zero",
+        lambda: Signal.from_ids(prompt(6, 1), [0.0] * 6),
+        r"^signal: every token has duration 0: nothing to attend to",
+    ),
+    (
+        "nan-in-place",
+        nan_in_place,
+        r"^signal: durations must be finite; non-finite values at token indices \[1\]",
+    ),
+    (
+        "negative-in-place",
+        negative_in_place,
+        r"^signal: durations must be >= 0; negative values at token indices \[2\]",
+    ),
+]
+
+
+def log_p(logits: torch.Tensor) -> torch.Tensor:
+    return logits.log_softmax(-1)[:, 3]
+
+
+@pytest.mark.parametrize("make,match", [u[1:] for u in UNDEFINED], ids=[u[0] for u in UNDEFINED])
+def test_forward_kwargs_refuses_what_every_entry_point_refuses(make: Callable[[], Signal], match: str) -> None:
+    lm = ContinuousLM(tiny_model("llama"))
+    for call in (
+        lm.forward_kwargs,
+        lm.logits,
+        lm.run_with_hooks,
+        lambda s: lm.run_with_cache(s, names="blocks.0.hook_resid_post"),
+        lambda s: lm.gradients(s, log_p),
+    ):
+        with pytest.raises(SignalError, match=match):
+            call(make())
+    with pytest.raises(SignalError, match=match.replace("^signal", r"^signals\[1\]")):
+        lm.forward_kwargs([Signal.from_ids(prompt(4, 2)), make()])
+
+
 nnsight = pytest.importorskip("nnsight", reason="pip install 'contllm[nnsight]'")
 
 
@@ -99,3 +153,16 @@ def test_lm_trace_is_nnsights_tracer_over_the_continuous_input(family: str) -> N
     assert float((edited[:, -1] - hooked).abs().max()) <= 1e-5
     # nnsight's controllers stay on the model, inert: contllm's own evaluation is unchanged.
     assert torch.equal(lm.logits(items), before)
+
+
+@pytest.mark.parametrize("make,match", [u[1:] for u in UNDEFINED], ids=[u[0] for u in UNDEFINED])
+def test_lm_trace_refuses_what_every_entry_point_refuses(make: Callable[[], Signal], match: str) -> None:
+    import copy
+
+    lm = ContinuousLM(copy.deepcopy(tiny_model("llama")))
+    with pytest.raises(SignalError, match=match):
+        with lm.trace(make()) as tr:
+            tr.model.output.logits.save()
+    with pytest.raises(SignalError, match=match.replace("^signal", r"^signals\[1\]")):
+        with lm.trace([Signal.from_ids(prompt(4, 2)), make()]) as tr:
+            tr.model.output.logits.save()
