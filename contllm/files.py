@@ -111,12 +111,25 @@ MAX_JSON_DEPTH = 100
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def parse_json(text: str | bytes, what: str, error: type[Exception] = RunDirectoryError) -> Any:
+def parse_json(
+    text: str | bytes,
+    what: str,
+    error: type[Exception] = RunDirectoryError,
+    *,
+    schema: Any = None,
+    non_finite: bool = False,
+) -> Any:
     """The JSON value in ``text``; ``error`` (a toolkit error type) naming ``what`` when it is not valid JSON.
 
     Nesting deeper than :data:`MAX_JSON_DEPTH`, numbers past Python's digit limit, a
     string holding a lone surrogate (which no tokenizer or file can take) and anything the
-    parser cannot take are one error, never a RecursionError or a traceback.
+    parser cannot take are one error, never a RecursionError or a traceback. NaN, Infinity
+    and -Infinity (which Python's json reads but JSON has not) and a number past float's
+    range are refused too, naming the field where one is, unless ``non_finite``: the
+    toolkit's writers store a non-finite number as null (:func:`jsonable`). ``schema``: a
+    :class:`contllm.schemas.Schema` the value must hold to (checked first, so that a
+    non-finite number where the schema expects something says what it expects), one error
+    "<what>: <field>: expected ..., got ..." otherwise (:func:`contllm.schemas.validate`).
     """
     try:
         value = json.loads(text)
@@ -134,6 +147,19 @@ def parse_json(text: str | bytes, what: str, error: type[Exception] = RunDirecto
             raise error(
                 f"{what}: a string holds a lone surrogate escape (\\ud800-\\udfff), which is no character"
             ) from None
+    if schema is not None:
+        from contllm.schemas import validate
+
+        validate(value, schema, what, error)
+    if not non_finite:
+        from contllm.schemas import describe
+        from contllm.schemas import non_finite as non_finite_values
+
+        for field, number in non_finite_values(value):
+            raise error(
+                f"{what}: {field + ': ' if field else ''}expected a finite number, got {describe(number)}; JSON has "
+                "no NaN or infinity (the toolkit writes a non-finite number as null)"
+            )
     return value
 
 
@@ -149,15 +175,16 @@ def _too_deep(value: Any) -> bool:
     return False
 
 
-def read_json(path: str | Path, error: type[Exception] = RunDirectoryError) -> Any:
-    """The JSON value in the file ``path``; ``error`` naming the file when it cannot be read or parsed (see :func:`parse_json`)."""
+def read_json(path: str | Path, error: type[Exception] = RunDirectoryError, *, schema: Any = None) -> Any:
+    """The JSON value in the file ``path``; ``error`` naming the file when it cannot be read or parsed (see :func:`parse_json`),
+    or when it does not hold to ``schema`` (a :class:`contllm.schemas.Schema`)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise error(f"cannot read {path}: {reason}") from None
-    return parse_json(text, f"cannot read {path}", error)
+    return parse_json(text, f"cannot read {path}", error, schema=schema)
 
 
 def csv_text(columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> str:

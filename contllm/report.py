@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contllm import registry
+from contllm import registry, schemas
 from contllm.errors import ContllmError, RunDirectoryError
 from contllm.files import atomic_write_text, csv_text, parse_json
 from contllm.logs import LOGGER
@@ -73,11 +73,13 @@ class Run:
         return to_pandas(self.result, table, name=self.experiment)
 
 
-def _read(path: Path, run: Path) -> Any:
+def _read(path: Path, run: Path, schema: Any) -> Any:
+    """The JSON of one of a run's files, checked against ``schema``; RunDirectoryError naming the file (and the field)."""
     try:
-        return parse_json(path.read_text(encoding="utf-8"), f"{run}: cannot read {path.name}")
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise RunDirectoryError(f"{run}: cannot read {path.name} ({exc})") from None
+    return parse_json(text, f"{run}: cannot read {path.name}", schema=schema)
 
 
 def load_run(path: str | Path) -> Run:
@@ -107,10 +109,8 @@ def load_run(path: str | Path) -> Run:
         raise RunDirectoryError(
             f"{path} is not a run directory (no {', '.join(missing)}); give directories written by 'contllm run'"
         )
-    config = _read(path / CONFIG, path)
-    manifest = _read(path / MANIFEST, path)
-    if not isinstance(config, dict) or not isinstance(manifest, dict):
-        raise RunDirectoryError(f"{path}: {CONFIG} and {MANIFEST} must each hold a JSON object")
+    config = _read(path / CONFIG, path, schemas.CONFIG)
+    manifest = _read(path / MANIFEST, path, schemas.MANIFEST)
     status = manifest.get("status")
     if status != "finished":
         experiment = config.get("experiment", "EXPERIMENT")
@@ -118,24 +118,53 @@ def load_run(path: str | Path) -> Run:
             f"{path} is an unfinished run (status {status!r}); finish it with "
             f"'contllm run {experiment} --out {path} --resume' and the options it was started with"
         )
-    name = config.get("experiment")
+    name = config["experiment"]
     try:
-        experiment = registry.get(name) if isinstance(name, str) else None
+        experiment = registry.get(name)
     except ContllmError:
-        experiment = None
-    if experiment is None:
         raise RunDirectoryError(
             f"{path}: its config names the experiment {name!r}, which is not registered "
             f"(known: {', '.join(registry.names())})"
-        )
+        ) from None
+    data = _read(path / RESULTS, path, schemas.results_schema(experiment, name))
+    result, summary = _rebuilt(experiment, data, path)
+    return Run(path, config, manifest, str(name), result, summary)
+
+
+def _rebuilt(experiment: Any, data: dict[str, Any], path: Path) -> tuple[Any, dict[str, Any]]:
+    """(the result, its summary) from results.json's checked envelope; RunDirectoryError naming the file otherwise.
+
+    Each record's own fields are read by the result type (by its type hints); whatever is
+    wrong with them (or with what the summary then asks of them) is one error naming the
+    file and, where it can be told, the record.
+    """
     try:
-        result = experiment.load_result(_read(path / RESULTS, path))
+        result = experiment.load_result(data)
         summary = experiment.summary(result)
     except RunDirectoryError:
         raise
-    except (ContllmError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-        raise RunDirectoryError(f"{path}: {RESULTS} is malformed ({type(exc).__name__}: {exc})") from None
-    return Run(path, config, manifest, str(name), result, summary)
+    except Exception as exc:  # the last resort: no value read from a file may end in a traceback
+        where = _bad_record(experiment, data)
+        reason = str(exc) if isinstance(exc, ContllmError) else f"{type(exc).__name__}: {exc}"
+        raise RunDirectoryError(f"{path}: {RESULTS} is malformed ({where}{reason[:300]})") from None
+    if not isinstance(summary, dict):
+        raise RunDirectoryError(f"{path}: {RESULTS} is malformed (its summary is no table of numbers)")
+    return result, summary
+
+
+def _bad_record(experiment: Any, data: dict[str, Any]) -> str:
+    """ "<key>[k]: " for the first record its result type cannot read, "" where every one reads (or none can be told)."""
+    result_type = getattr(experiment, "result_type", None)
+    read = getattr(getattr(result_type, "record_type", None), "from_dict", None)
+    key = getattr(result_type, "key", "records")
+    if read is None or not isinstance(data.get(key), list):
+        return ""
+    for k, record in enumerate(data[key]):
+        try:
+            read(record)
+        except Exception:
+            return f"{key}[{k}]: "
+    return ""
 
 
 def _run_path(path: Any, what: str = "a run directory") -> Path:
@@ -359,21 +388,43 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, *, force: bool
     runs, warning = shared_items(runs)
     if warning:
         LOGGER.warning(f"warning: {warning}")
-    experiment = registry.get(runs[0].experiment)
-    fig = experiment.comparison([(r.label, r.result) for r in runs])
-    md, csv = markdown(runs, figure=fig is not None, note=warning), summary_csv(runs)
+    fig, md, csv, explorer = _report_parts(runs, warning)  # everything made before anything is written
     out.mkdir(parents=True, exist_ok=True)
     paths = [atomic_write_text(out / "summary.md", md), atomic_write_text(out / "summary.csv", csv)]
     if fig is not None:
         from contllm.plotting import save_figure
 
         paths += save_figure(fig, out / "comparison")
+    if explorer is not None:
+        paths.append(atomic_write_text(out / "explorer.html", explorer))
+    return paths
+
+
+def _report_parts(runs: Sequence[Run], warning: str | None) -> tuple[Any, str, str, str | None]:
+    """(the comparison figure or None, summary.md, summary.csv, explorer.html or None) of the runs; RunDirectoryError
+    when their results hold values a report cannot take (read from results.json, so nothing is written then)."""
     from contllm.explorer import explorer_data, page
 
-    data = explorer_data([(r.label, r.result) for r in runs])  # the same item, one curve per run
-    if data is not None:
-        paths.append(atomic_write_text(out / "explorer.html", page(data, f"{runs[0].experiment}: {len(runs)} runs")))
-    return paths
+    experiment = registry.get(runs[0].experiment)
+    fig = None
+    try:
+        fig = experiment.comparison([(r.label, r.result) for r in runs])
+        md, csv = markdown(runs, figure=fig is not None, note=warning), summary_csv(runs)
+        data = explorer_data([(r.label, r.result) for r in runs])  # the same item, one curve per run
+        explorer = None if data is None else page(data, f"{runs[0].experiment}: {len(runs)} runs")
+    except BaseException as exc:
+        if fig is not None:
+            from contllm.plotting import plt
+
+            plt.close(fig)
+        if isinstance(exc, ContllmError) or not isinstance(exc, Exception):
+            raise
+        # the last resort: a value read from a results.json that no report can take
+        where = ", ".join(str(r.path) for r in runs)
+        raise RunDirectoryError(
+            f"the {RESULTS} of {where} cannot be reported ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
+    return fig, md, csv, explorer
 
 
 def draw_figures(
@@ -389,19 +440,67 @@ def draw_figures(
     RUN_DIR``. RunDirectoryError for a directory that is not a finished run (or that
     another process is writing), ExperimentError for an unknown format or item.
     """
-    from contllm.outputs import DRAWN, WRITERS, Output
+    import tempfile
+
+    from contllm.outputs import Output
     from contllm.runs import RunDir
     from contllm.settings import figure_formats
 
     drawn_as = figure_formats(formats)
     run = load_run(path)
-    out = Output(registry.get(run.experiment), run.result, run.summary, run.path, True, drawn_as, _item_ids(run, items))
+    ids = _item_ids(run, items)
     run_dir = RunDir(run.path, run.config, resume=True).open()
     try:
-        run_dir.write_outputs(lambda: [WRITERS[writer](out) for writer in DRAWN])
+        # Drawn apart first: a result that reads but cannot be drawn (a value edited by hand) changes nothing.
+        with tempfile.TemporaryDirectory(prefix="contllm-figures-") as staging:
+            out = Output(registry.get(run.experiment), run.result, run.summary, Path(staging), True, drawn_as, ids)
+            _draw(out, run.path)
+            moved: list[Path] = run_dir.write_outputs(lambda: _move_in(out.written, Path(staging), run.path))
+            return moved
     finally:
         run_dir.close()
-    return out.written
+
+
+def _draw(out: Any, run: Path) -> None:
+    """Every drawn output of ``out`` (figures, documents) into ``out.directory``; RunDirectoryError when the run's
+    result holds values its figures cannot take."""
+    from contllm.outputs import DRAWN, WRITERS
+
+    try:
+        for writer in DRAWN:
+            WRITERS[writer](out)
+    except (ContllmError, OSError):
+        raise
+    except Exception as exc:  # the last resort: a value read from results.json that no figure can take
+        raise RunDirectoryError(
+            f"{run}: the figures of its {RESULTS} cannot be drawn ({type(exc).__name__}: {str(exc)[:200]}); "
+            "nothing was written"
+        ) from None
+
+
+def _move_in(staged: Sequence[Path], staging: Path, run: Path) -> list[Path]:
+    """The files drawn into ``staging`` put at the same places in ``run``, each through a temporary name and a rename."""
+    import shutil
+    import tempfile
+
+    from contllm.files import file_mode, inside, note_written
+
+    placed = []
+    for source in staged:
+        target = inside(run, source.relative_to(staging))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        try:
+            shutil.copyfile(source, tmp)
+            os.chmod(tmp, file_mode())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        note_written(target)
+        placed.append(target)
+    return placed
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from contllm import schemas
 from contllm.errors import RunDirectoryError
 from contllm.files import (
     atomic_write_json,
@@ -138,7 +139,7 @@ def _check_resumable(path: Path) -> None:
         if name == MANIFEST and not (path / name).exists():
             continue
         try:
-            held = read_json(path / name)
+            held = read_json(path / name, schema=schemas.CONFIG if name == CONFIG else schemas.MANIFEST)
         except RunDirectoryError as exc:
             raise RunDirectoryError(f"cannot resume: {exc}; {remedy}") from None
         if not isinstance(held, dict):
@@ -282,7 +283,7 @@ class RunDir:
             if not is_run_dir(self.path):
                 raise RunDirectoryError(f"cannot resume: {self.path} is not a run directory (no {CONFIG})")
             _check_resumable(self.path)
-            changed = _differences(read_json(self.path / CONFIG), self.config)
+            changed = _differences(read_json(self.path / CONFIG, schema=schemas.CONFIG), self.config)
             if changed:
                 raise RunDirectoryError(
                     f"cannot resume {self.path}: its config differs in {'; '.join(changed)}; "
@@ -292,7 +293,7 @@ class RunDir:
         elif self.force:
             if not is_run_dir(self.path):
                 raise RunDirectoryError(f"refusing to replace {self.path}: it is not empty and not a run directory")
-            previous = read_json(self.path / CONFIG)
+            previous = read_json(self.path / CONFIG, schema=schemas.CONFIG)
             theirs = previous.get("experiment") if isinstance(previous, dict) else None
             if theirs != self.config.get("experiment"):
                 raise RunDirectoryError(
@@ -469,7 +470,7 @@ class RunDir:
                 self.write_manifest({"outputs": sorted(mine | earlier)})
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        previous = read_json(self.path / MANIFEST) if (self.path / MANIFEST).is_file() else {}
+        previous = read_json(self.path / MANIFEST, schema=schemas.MANIFEST) if (self.path / MANIFEST).is_file() else {}
         if previous.get("started") and "started" in manifest:
             manifest = {**manifest, "started": previous["started"], "resumed": now()}
         atomic_write_json(self.path / MANIFEST, {**previous, **manifest})
@@ -478,7 +479,7 @@ class RunDir:
 def _read_record(path: Path, decode: Callable[[dict[str, Any]], Any]) -> tuple[str, Any] | None:
     """(item id, record) from a record file, or None when it cannot be read (a record to redo)."""
     try:
-        data = read_json(path)
+        data = read_json(path, schema=schemas.RECORD_FILE)
         item_id = data["id"]
         if not isinstance(item_id, str) or record_name(item_id) != path.name:
             return None  # a record under another item's name is not trusted

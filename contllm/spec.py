@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from contllm.errors import ExperimentError
+from contllm.schemas import non_finite
 from contllm.settings import DEFAULT_FORMATS, RunSettings, figure_formats
 
 if sys.version_info >= (3, 11):
@@ -105,6 +106,8 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
         raise ExperimentError(f"{where} is not valid TOML: {exc}") from None
+    for field, value in non_finite(data):  # TOML spells them nan and inf; no setting or option takes one
+        raise ExperimentError(f"{where}: {field}: expected a finite number, got {value}")
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
         raise ExperimentError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(TOP_KEYS))}")

@@ -81,13 +81,14 @@ def check_counts(counts: Mapping[str, int] | None) -> dict[str, int] | None:
 
 
 def read_audit(out: Path) -> dict[str, Any] | None:
-    """The audit.json of ``out``, or None where there is none; RunDirectoryError for one that cannot be read."""
+    """The audit.json of ``out``, or None where there is none; RunDirectoryError for one that cannot be read or that
+    does not hold to :data:`contllm.schemas.AUDIT` (naming the field)."""
     path = out / AUDIT
     if not path.is_file():
         return None
-    data = read_json(path)
-    if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
-        raise RunDirectoryError(f"{path} is not an audit's settings; give another --out")
+    from contllm import schemas
+
+    data: dict[str, Any] = read_json(path, schema=schemas.AUDIT)  # settings, and a plan Plan.from_dict reads back
     return data
 
 

@@ -186,12 +186,13 @@ class Card:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Card:
-        """A card from its :meth:`to_dict` data (card.json); ExperimentError when malformed."""
-        try:
-            findings = [Finding(**{**f, "numbers": [Number(**n) for n in f["numbers"]]}) for f in data["findings"]]
-            return cls(**{**data, "findings": findings})
-        except (KeyError, TypeError) as exc:
-            raise ExperimentError(f"not a card ({type(exc).__name__}: {exc})") from None
+        """A card from its :meth:`to_dict` data (card.json); ExperimentError "not a card: <field>: expected ..." when
+        it does not hold to the card's schema (:data:`contllm.schemas.CARD`)."""
+        from contllm.schemas import CARD, validate
+
+        validate(data, CARD, "not a card", ExperimentError)
+        findings = [Finding(**{**f, "numbers": [Number(**n) for n in f["numbers"]]}) for f in data["findings"]]
+        return cls(**{**data, "findings": findings})
 
     def to_pandas(self) -> Any:
         """One row per number: model, protocol, experiment, items, metric, role, value, low, high, direction, and a
@@ -232,9 +233,9 @@ def load_card(path: str | Path) -> Card:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise RunDirectoryError(f"cannot read {file} ({exc})") from None
-    data = parse_json(text, f"{file} is not a card")
-    if not isinstance(data, dict):
-        raise RunDirectoryError(f"{file} is not a card (it holds no JSON object)")
+    from contllm.schemas import CARD
+
+    data = parse_json(text, f"{file} is not a card", schema=CARD)
     try:
         return Card.from_dict(data)
     except ExperimentError as exc:

@@ -51,7 +51,8 @@ def test_usage_errors_are_one_line_before_torch(args: list[str], says: str) -> N
 
 
 def test_an_audit_directory_in_use_is_refused_before_the_model_loads(tmp_path: Path) -> None:
-    (tmp_path / "audit.json").write_text(json.dumps({"model": "m", "protocol": "contllm", "plan": {}}))
+    plan = {"budget": None, "spent": 0.0, "reserved": 0.0, "available": 0.0, "shares": []}
+    (tmp_path / "audit.json").write_text(json.dumps({"model": "m", "protocol": "contllm", "plan": plan}))
     result, output = probe("audit", "m", "--out", str(tmp_path))
     assert result["code"] == 2 and "--resume" in output and result["heavy"] == [], output
     result, output = probe("audit", "m", "--out", str(tmp_path), "--resume", "--protocol", "paper")
@@ -65,7 +66,8 @@ def test_an_audit_directory_in_use_is_refused_before_the_model_loads(tmp_path: P
 def card(model: str, value: float) -> Card:
     number = Number("pure_peak_rate", "headline", value, value - 0.1, value + 0.1, "higher", "counts that peak", {})
     finding = Finding("counting", "counting", 12, f"{model} counts.", [number])
-    return Card(model, "contllm", {"budget": 180.0, "shares": []}, [finding], {"resamples": 10, "level": 0.95})
+    plan = {"budget": 180.0, "spent": 20.0, "reserved": 8.0, "available": 136.0, "shares": []}
+    return Card(model, "contllm", plan, [finding], {"resamples": 10, "level": 0.95})
 
 
 def test_compare_writes_one_page_with_every_card_and_the_best_marked(tmp_path: Path) -> None:
