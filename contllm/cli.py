@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -20,30 +20,23 @@ import click
 import typer
 
 from contllm import __version__, cli_index, logs, registry
-from contllm.cli_errors import Exit, OneLineCommand, OneLineTyperCommand, OneLineTyperGroup
+from contllm.cli_errors import OneLineCommand, OneLineTyperCommand, OneLineTyperGroup, guarded
 from contllm.cli_errors import fail as _fail
 from contllm.errors import ContllmError, ExperimentError
 from contllm.experiments.options import Option, read_value
-from contllm.settings import DEFAULT_FORMATS, FIGURE_FORMATS, ITEM_FIGURES_UP_TO, SETTINGS, RunSettings, check_seed
+from contllm.settings import (
+    DEFAULT_FORMATS,
+    FIGURE_FORMATS,
+    ITEM_FIGURES_UP_TO,
+    SETTINGS,
+    RunSettings,
+    check_seed,
+)
 
 # Help pages answer at once: this module and the ones it imports at the top load neither
 # torch, transformers nor matplotlib (tests/unit/test_cli_startup.py holds it to that).
 # The commands read the experiments' declarations from contllm.cli_index; a run imports them
 # once every value the command line alone decides has been checked (usage errors stay fast too).
-
-
-def _guarded(work: Callable[[], Any], exit_with: Exit = click.exceptions.Exit) -> Any:
-    """``work()``, with the toolkit's errors as one line and exit status 2, Ctrl-C as status 130."""
-    try:
-        return work()
-    except ContllmError as exc:
-        _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exit_with=exit_with)
-    except OSError as exc:  # permission denied, a path under a file, a full disk: the file and the reason
-        where = f"{exc.filename}: " if exc.filename else ""
-        _fail(f"{where}{exc.strerror or exc}", exit_with=exit_with)
-    except KeyboardInterrupt:
-        click.echo("interrupted; finished items are saved, continue with --resume", err=True)
-        raise exit_with(130) from None
 
 
 def _showing_news() -> bool:
@@ -217,14 +210,14 @@ def experiment_command(name: str, *, indexed: bool = False) -> click.Command:
         where = {k: v for k, v in values.items() if k in run_keys and k not in SETTINGS}
         # Everything the command line alone decides is checked before torch is imported (a second or more).
         chosen = {k: values[k] for k in run_keys if k in SETTINGS}
-        settings = _guarded(lambda: _early_checks(experiment, given, where, chosen))
+        settings = guarded(lambda: _early_checks(experiment, given, where, chosen))
 
         def start() -> Any:
             from contllm.runner import run
 
             return run(name, options=given, settings=settings, progress=_showing_news(), **where)
 
-        path = _guarded(start)
+        path = guarded(start)
         if _is_main_process():  # under a launch every process returns the path; one prints it
             click.echo(str(path))
 
@@ -256,6 +249,7 @@ def _early_checks(declaration: Any, given: dict[str, Any], where: dict[str, Any]
     check_modes(resume=where.get("resume", False), force=where.get("force", False))
     if where.get("out") is not None:
         check_out(where["out"], resume=where.get("resume", False), force=where.get("force", False))
+    cli_index.check_cache(settings.model)
     return settings
 
 
@@ -284,7 +278,7 @@ def spec_command(path: str) -> click.Command:
         from contllm.spec import run_spec
 
         say = logs.note if _showing_news() else None  # no say: no progress bars either
-        written = _guarded(
+        written = guarded(
             lambda: run_spec(
                 Path(path),
                 out=out,
@@ -355,7 +349,7 @@ class RunGroup(click.Group):
         if registry.known(cmd_name):
             # Built from the index (equal to the experiments' declarations, a unit test holds it):
             # a malformed value is refused before the experiment, and torch, is imported.
-            return _guarded(lambda: experiment_command(cmd_name, indexed=True))
+            return guarded(lambda: experiment_command(cmd_name, indexed=True))
         if _is_spec(cmd_name):
             return spec_command(cmd_name)
         return None
@@ -473,7 +467,7 @@ def generate(ctx: typer.Context) -> None:
     """Continue a prompt in continuous time; `contllm generate --help` lists the options."""
     from contllm.generate_cli import COMMAND
 
-    _guarded(lambda: COMMAND.main(args=list(ctx.args), prog_name="contllm generate", standalone_mode=False), typer.Exit)
+    guarded(lambda: COMMAND.main(args=list(ctx.args), prog_name="contllm generate", standalone_mode=False), typer.Exit)
 
 
 @app.command(context_settings=HELP, cls=OneLineTyperCommand)
@@ -485,7 +479,7 @@ def models(
     """List the embedded model aliases: family, size, whether installed and converted."""
     from contllm.models import format_listings, list_models
 
-    for line in format_listings(_guarded(lambda: list_models(cache_dir), typer.Exit)):
+    for line in format_listings(guarded(lambda: list_models(cache_dir), typer.Exit)):
         typer.echo(line)
 
 
@@ -502,7 +496,7 @@ def report(
     """Summarise runs of any experiment (Markdown and CSV) and draw a figure comparing them."""
     from contllm.report import write_report
 
-    for path in _guarded(lambda: write_report(run_dirs, out, force=force), typer.Exit):
+    for path in guarded(lambda: write_report(run_dirs, out, force=force), typer.Exit):
         typer.echo(str(path))
 
 
@@ -534,7 +528,7 @@ def figures(
     from contllm.report import draw_figures
 
     started = time.perf_counter()
-    written = _guarded(lambda: draw_figures(run_dir, formats=formats, items=items), typer.Exit)
+    written = guarded(lambda: draw_figures(run_dir, formats=formats, items=items), typer.Exit)
     for path in written:
         typer.echo(str(path))
     logs.note(f"{len(written)} files written in {time.perf_counter() - started:.1f} s")

@@ -6,6 +6,7 @@ Light on purpose (click and Typer only), so help pages stay fast; :mod:`contllm.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
@@ -25,6 +26,28 @@ def fail(message: str, code: int = 2, exit_with: Exit = click.exceptions.Exit) -
         message = f"{message[: MAX_ERROR - 40]}... ({len(message)} characters)"
     click.echo(f"error: {message}", err=True)
     raise exit_with(code)
+
+
+def guarded(work: Callable[[], Any], exit_with: Exit = click.exceptions.Exit, resume: str | None = None) -> Any:
+    """``work()``, with the toolkit's errors and OSErrors as one line and exit status 2, Ctrl-C as status 130.
+
+    The one guard of every command. resume: the command that continues the interrupted work
+    (said on Ctrl-C; default: "--resume").
+    """
+    from contllm.errors import ContllmError
+
+    try:
+        return work()
+    except ContllmError as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exit_with=exit_with)
+    except OSError as exc:  # permission denied, a path under a file, a full disk: the file and the reason
+        where = f"{exc.filename}: " if exc.filename else ""
+        fail(f"{where}{exc.strerror or exc}", exit_with=exit_with)
+    except KeyboardInterrupt:
+        click.echo(
+            f"interrupted; finished items are saved, continue with{': ' + resume if resume else ' --resume'}", err=True
+        )
+        raise exit_with(130) from None
 
 
 class OneLineCommand(click.Command):

@@ -14,6 +14,7 @@ packages register are not indexed; their commands import them.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from functools import cache
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from contllm import registry
-from contllm.errors import ExperimentError
+from contllm.errors import ExperimentError, ModelLoadError, RunDirectoryError
 from contllm.experiments.base import Metric
 from contllm.experiments.options import Option
 
@@ -142,3 +143,25 @@ def models(*, indexed: bool = True) -> tuple[str, list[str]]:
 
 if __name__ == "__main__":
     print(write())
+
+
+def check_cache(model: str | None, cache_dir: str | os.PathLike[str] | None = None) -> None:
+    """ModelLoadError, before anything loads, when ``model`` is an embedded alias (None: the default model) not yet
+    converted and its cache (:func:`cache_root`) is no place where a directory can be made and written (a file,
+    /proc, read-only). Model-free and quick: the command line calls it before torch loads."""
+    from contllm.files import cache_root
+    from contllm.runs import check_place
+
+    default, aliases = models()
+    name = default if model is None else model
+    if name not in aliases:
+        return
+    root = cache_root(cache_dir)
+    if (root / name).is_dir():  # converted already: loading only reads it
+        return
+    try:
+        check_place(root / name)
+    except RunDirectoryError as exc:
+        raise ModelLoadError(
+            f"the model cache {root} cannot hold {name}: {exc}; choose another cache with $CONTLLM_CACHE"
+        ) from None

@@ -29,6 +29,19 @@ _MODE: list[int] = []
 _WRITTEN: contextvars.ContextVar[list[Path] | None] = contextvars.ContextVar("contllm_written", default=None)
 
 
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The cache of converted models: ``cache_dir``, else $CONTLLM_CACHE, else $XDG_CACHE_HOME/contllm, else ~/.cache/contllm.
+
+    Nothing is created.
+    """
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    if env := os.environ.get("CONTLLM_CACHE"):
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "contllm"
+
+
 @contextlib.contextmanager
 def recording_writes() -> Iterator[list[Path]]:
     """A list that collects the path of every file the toolkit's writers finish while the context lasts."""
@@ -63,8 +76,11 @@ def file_mode() -> int:
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise write_error(path, exc) from None
     try:
         os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -72,11 +88,20 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise write_error(path, exc) from None
         raise
     note_written(path)
     return path
+
+
+def write_error(path: Path, exc: OSError) -> OSError:
+    """``exc`` of a write of ``path`` as an error that names the file and its folder (the place a user can act on),
+    never the hidden temporary name the write went through."""
+    reason = exc.strerror or str(exc)
+    return type(exc)(exc.errno, f"cannot write {path.name} in {path.parent}: {reason}")
 
 
 def jsonable(value: Any) -> Any:
@@ -231,6 +256,17 @@ def safe_name(text: str) -> str:
     """``text`` as one file-name component: letters, digits, '-', '_' and '.' kept, the rest '_'."""
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
     return name if name.strip(".") else name.replace(".", "_")
+
+
+def model_folder(model: str) -> str:
+    """The folder-name part a model name gives (a run's default directory, a spec's per-model folder).
+
+    The last part of a path or hub id ("HuggingFaceTB/SmolLM2-135M" gives "SmolLM2-135M"),
+    with every run of characters but ASCII letters, digits, '_', '.' and '-' made one '_';
+    a name of dots alone ("." or "..") has them made '_', so it never names a folder above.
+    """
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name or model)
+    return name if name.strip(".") else name.replace(".", "_") or "_"
 
 
 #: A text kept as its own file name: ASCII letters, digits, '_', '-', '.' (not first), at most 100 characters.

@@ -24,14 +24,14 @@ from typing import Any, NoReturn
 import click
 
 from contllm.cli_errors import OneLineCommand
-from contllm.cli_index import models
+from contllm.cli_index import check_cache, models
 from contllm.decoding import MAX_NEW_TOKENS, check_options
 from contllm.errors import ContllmError, SignalError
 from contllm.experiments.options import read_value
 from contllm.numerals import MAX_TIME, MIN_MAGNITUDE, as_number
 from contllm.settings import check_seed, dtype_name
 
-_SPAN = re.compile(r"^(\d+):(\d+)$")
+_SPAN = re.compile(r"^([0-9]{1,30}):([0-9]{1,30})$")
 
 
 @dataclass(frozen=True)
@@ -191,6 +191,7 @@ def request(prompt: str, values: dict[str, Any]) -> Request:
             f"--dtype must be float32, bfloat16 or float16 (or fp32, bf16, fp16), got {values['dtype']!r}"
         )
     _check_generation_options(options)
+    check_cache(values["model"])
     return Request(prompt, edits, values["model"], values["device"], values["dtype"], options)
 
 

@@ -222,7 +222,7 @@ def hook_names(lm: Any) -> list[str]:
     return list(points(lm))
 
 
-_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+_BLOCK = re.compile(r"^blocks\.([0-9]+)\.")
 
 
 def _unknown(name: Any, known: dict[str, Point]) -> SignalError:

@@ -576,6 +576,6 @@ def smoothness(x: Any, y: Any) -> Smoothness:
 
 def count_curve(sweep: Any) -> CountCurve:
     """The :class:`CountCurve` of a sweep (x, labels, probs, truth) read over its digit labels."""
-    numeric = [i for i, lab in enumerate(sweep.labels) if lab.isdigit()]
+    numeric = [i for i, lab in enumerate(sweep.labels) if lab.isascii() and lab.isdigit()]
     labels = np.array([int(sweep.labels[i]) for i in numeric])
     return CountCurve(sweep.x, sweep.probs[:, numeric], labels, int(sweep.truth or 0))

@@ -23,7 +23,7 @@ from typing import Any
 
 import matplotlib
 
-from contllm.files import file_mode, note_written
+from contllm.files import file_mode, note_written, write_error
 
 if not os.environ.get("DISPLAY") and "MPLBACKEND" not in os.environ:
     matplotlib.use("Agg")
@@ -122,15 +122,20 @@ def save_figure(
         for fmt in formats:
             ext, dpi = f".{fmt}", DPI[fmt]
             final = stem.with_name(stem.name + ext)
-            fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".tmp{ext}", dir=final.parent)
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".tmp{ext}", dir=final.parent)
+            except OSError as exc:
+                raise write_error(final, exc) from None
             os.close(fd)
             try:
                 os.chmod(tmp, file_mode())  # the mode of any new file, not the temporary file's 0600
                 fig.savefig(tmp, dpi=dpi, format=ext[1:])
                 os.replace(tmp, final)
                 note_written(final)
-            except BaseException:
+            except BaseException as exc:
                 Path(tmp).unlink(missing_ok=True)
+                if isinstance(exc, OSError):
+                    raise write_error(final, exc) from None
                 raise
             paths.append(final)
     finally:

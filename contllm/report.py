@@ -364,6 +364,18 @@ def _check_out(out: Path, run_paths: Sequence[Path], force: bool) -> None:
     for path in run_paths:
         if path.resolve() == resolved:
             raise RunDirectoryError(f"--out {out} is one of the runs; write the report to another directory")
+    from contllm.runs import is_run_dir
+
+    if is_run_dir(out) or (out / "audit.json").is_file():  # --force never replaces another run's own files
+        what = "a run directory" if is_run_dir(out) else "an audit directory"
+        raise RunDirectoryError(f"--out {out} is {what}; a report never writes into one, give another directory")
+    present = [name for name in REPORT_FILES if (out / name).exists()]
+    if present and not all((out / name).is_file() for name in ("summary.md", "summary.csv")):
+        # a report writes summary.md and summary.csv each time: without them, these files are someone else's
+        raise RunDirectoryError(
+            f"--out {out} holds {present[0]}, which no report wrote (no summary.md and summary.csv beside it); "
+            "give another directory"
+        )
     if out.is_dir() and any(out.iterdir()) and not force:
         raise RunDirectoryError(
             f"{out} already holds files; use --force to replace the report's files there "

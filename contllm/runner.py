@@ -252,9 +252,7 @@ def run(
     there (its config.json must match); force: replace the run there.
     Raises a ContllmError subclass for bad input, before anything is written.
     """
-    import torch
-
-    from contllm.distributed import check_launch_device, device_map_memory, start_processes
+    from contllm.distributed import check_launch_device, start_processes
 
     plan = check_run(name, **checked)
     settings = plan.settings
@@ -271,6 +269,23 @@ def run(
     out = Path(procs.broadcast(str(out if out is not None else default_out(name, plan.model))))
     run_dir = RunDir(out, plan.resolved, resume=resume, force=force)
     procs.barrier()  # every process has checked the directory before the main one writes to it
+    try:
+        if procs.is_main:  # locked before the model loads: a second process on this directory is refused at once
+            run_dir.reserve()
+        lm, loading = _load_unless_given(lm, plan, procs, device, echo)
+        plan.experiment.check(lm, plan.config)
+        return _Execution(plan, lm, run_dir, procs, echo, loading).run()
+    finally:
+        run_dir.close()
+
+
+def _load_unless_given(lm: Any, plan: CheckedRun, procs: Any, device: str, echo: Say) -> tuple[Any, float | None]:
+    """(the run's model, seconds its load took): ``lm`` itself (None: no load) when one was given."""
+    import torch
+
+    from contllm.distributed import device_map_memory
+
+    settings = plan.settings
     torch.manual_seed(settings.seed)
     if lm is None and procs.is_main:
         _note_half_precision(settings.dtype, procs.device or device, echo)
@@ -283,11 +298,7 @@ def run(
         with procs.main_first():  # an embedded model is converted into the cache once
             lm = load_for_run(plan.model, device=procs.device or device, dtype=settings.dtype, say=echo, **placement)
         loading = time.perf_counter() - started
-    plan.experiment.check(lm, plan.config)
-    try:
-        return _Execution(plan, lm, run_dir, procs, echo, loading).run()
-    finally:
-        run_dir.close()
+    return lm, loading
 
 
 def load_for_run(model: str, *, device: str, dtype: str | None, say: Say, **options: Any) -> Any:

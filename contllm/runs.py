@@ -46,6 +46,7 @@ from contllm.files import (
     atomic_write_json,
     data_name,
     fsync_dir,
+    model_folder,
     read_json,
     recording_writes,
 )
@@ -73,13 +74,33 @@ def now() -> str:
 def default_out(experiment: str, model: str) -> Path:
     """runs/<experiment>-<model>-<local time>: where a run goes when no --out is given."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe_model = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name or model)
-    return Path("runs") / f"{experiment}-{safe_model}-{stamp}"
+    return Path("runs") / f"{experiment}-{model_folder(model)}-{stamp}"
 
 
 def is_run_dir(path: str | Path) -> bool:
-    """Whether ``path`` was written by a run (it holds a config.json)."""
-    return (Path(path) / CONFIG).is_file()
+    """Whether ``path`` was written by a run: it holds a manifest.json, or a config.json beside an items/ folder.
+
+    A run writes its config, its items/ folder and its manifest as it opens, so a run killed
+    at any moment after that is recognised. A folder that merely holds a config.json (a
+    model directory, a cache entry) is not a run.
+    """
+    path = Path(path)
+    return (path / MANIFEST).is_file() or ((path / CONFIG).is_file() and (path / ITEMS).is_dir())
+
+
+def describe_folder(path: str | Path) -> str:
+    """What a folder that is not a run holds, as " (it is ...)" for an error message; "" when it is nothing known."""
+    path = Path(path)
+    names = {p.name for p in path.iterdir()} if path.is_dir() else set()
+    if "contllm_record.json" in names:
+        return " (it is a contllm model cache entry)"
+    if "audit.json" in names:
+        return " (it is an audit directory: see contllm audit --resume)"
+    if "config.json" in names and any(n.endswith((".safetensors", ".bin", ".gguf")) for n in names):
+        return " (it is a model directory)"
+    if {"summary.md", "summary.csv"} <= names:
+        return " (it is a report directory)"
+    return ""
 
 
 def record_name(item_id: str) -> str:
@@ -102,6 +123,12 @@ def check_out(out: Any, *, resume: bool = False, force: bool = False) -> Path:
     _check_place(path)
     if resume and is_run_dir(path):
         _check_resumable(path)
+    holder = lock_holder(path)
+    if holder is not None:
+        raise RunDirectoryError(
+            f"{path} is being written by another contllm process (pid {holder}); "
+            "wait for it to finish or choose another --out"
+        )
     return path
 
 
@@ -111,8 +138,8 @@ def check_modes(*, resume: bool, force: bool) -> None:
         raise RunDirectoryError("--resume and --force contradict each other; give one")
 
 
-def _check_place(path: Path) -> None:
-    """RunDirectoryError when ``path`` cannot hold a run: too long, a file, not writable, or holding links out."""
+def check_place(path: Path) -> None:
+    """RunDirectoryError when no directory can be at ``path`` and be written: too long, a file, not writable (/proc)."""
     too_long = [part for part in path.parts if len(os.fsencode(part)) > NAME_MAX]
     if too_long or len(os.fsencode(path)) > PATH_MAX:
         what = f"the name {too_long[0][:40]}... is" if too_long else "the path is"
@@ -122,6 +149,11 @@ def _check_place(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise RunDirectoryError(f"{path} exists and is not a directory")
     _check_writable(path)
+
+
+def _check_place(path: Path) -> None:
+    """RunDirectoryError when ``path`` cannot hold a run: see :func:`check_place`, and holding links out."""
+    check_place(path)
     link = _followed_link(path)
     if link is not None:
         raise RunDirectoryError(
@@ -246,7 +278,8 @@ def _short(value: Any) -> str:
 
 def _nested_runs(path: Path) -> list[Path]:
     """Run directories inside ``path`` (not ``path`` itself): what --force must never delete."""
-    return [p.parent for p in path.rglob(CONFIG) if p.parent != path]
+    found = {p.parent for name in (CONFIG, MANIFEST) for p in path.rglob(name)}
+    return sorted(p for p in found if p != path and is_run_dir(p))
 
 
 class RunDir:
@@ -267,7 +300,7 @@ class RunDir:
         self.force = force
         self.resumed = False
         self._replace = False
-        self._lock: int | None = None
+        self._lock: Reservation | None = None
         self._item_dir = self.path / ITEMS
         self._check()
         self._refuse_if_locked()
@@ -281,7 +314,10 @@ class RunDir:
             return
         if self.resume:
             if not is_run_dir(self.path):
-                raise RunDirectoryError(f"cannot resume: {self.path} is not a run directory (no {CONFIG})")
+                raise RunDirectoryError(
+                    f"cannot resume: {self.path} is not a run directory{describe_folder(self.path)}; "
+                    "give the directory of the run to continue"
+                )
             _check_resumable(self.path)
             changed = _differences(read_json(self.path / CONFIG, schema=schemas.CONFIG), self.config)
             if changed:
@@ -291,40 +327,67 @@ class RunDir:
                 )
             self.resumed = True
         elif self.force:
+            nested = _nested_runs(self.path)
+            if nested:
+                raise RunDirectoryError(f"refusing to replace {self.path}: it holds other runs ({nested[0]})")
             if not is_run_dir(self.path):
-                raise RunDirectoryError(f"refusing to replace {self.path}: it is not empty and not a run directory")
+                raise RunDirectoryError(
+                    f"refusing to replace {self.path}: it is not empty and not a run directory"
+                    f"{describe_folder(self.path)}; choose another --out"
+                )
             previous = read_json(self.path / CONFIG, schema=schemas.CONFIG)
             theirs = previous.get("experiment") if isinstance(previous, dict) else None
             if theirs != self.config.get("experiment"):
                 raise RunDirectoryError(
                     f"refusing to replace {self.path}: it is a run of {theirs!r}, not of {self.config.get('experiment')!r}"
                 )
-            nested = _nested_runs(self.path)
-            if nested:
-                raise RunDirectoryError(f"refusing to replace {self.path}: it holds other runs ({nested[0]})")
             self._replace = True
         else:
+            if not is_run_dir(self.path):
+                raise RunDirectoryError(
+                    f"{self.path} already holds files and is not a run directory{describe_folder(self.path)}; "
+                    "choose another --out"
+                )
             raise RunDirectoryError(
-                f"{self.path} already holds files; use --resume to continue it or --force to replace it"
+                f"{self.path} already holds a run; use --resume to continue it or --force to replace it"
             )
 
     def _refuse_if_locked(self) -> None:
-        holder = _lock_holder(self.path)
+        holder = lock_holder(self.path)
         if holder is not None:
             raise RunDirectoryError(
                 f"{self.path} is being written by another contllm process (pid {holder}); "
                 "wait for it to finish or choose another --out"
             )
 
+    def reserve(self) -> RunDir:
+        """Create and lock the directory, and check it again under the lock; nothing else is written.
+
+        A run reserves its directory before its model loads, so that a second process
+        given the same directory is refused at once rather than after its own load. A
+        run that stops before :meth:`open` (a model that does not load) leaves nothing
+        behind: :meth:`close` removes the folders this call created, where they are empty.
+        """
+        if self._lock is not None:
+            return self
+        self._lock = Reservation(self.path)
+        try:
+            self._check()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
     def open(self) -> RunDir:
-        """Create and lock the directory, replace a previous run with --force, and write the config.
+        """Create and lock the directory (see :meth:`reserve`), replace a previous run with --force, write the config.
 
         Kept apart from the checks in the constructor so that a run can fail early (a
         model that does not load) without touching anything on disk. The checks are made
         again once the lock is held, since another process may have written meanwhile.
         """
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._lock = _acquire(self.path)
+        self.reserve()
+        assert self._lock is not None
+        self._lock.keep()  # from here on the directory is the run's
         try:
             self._check()
             if self._replace:
@@ -374,9 +437,9 @@ class RunDir:
             (self.path / name).unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Release the directory's lock (idempotent)."""
+        """Release the directory's lock (idempotent); folders that :meth:`reserve` made and nothing filled go again."""
         if self._lock is not None:
-            _release(self.path, self._lock)
+            self._lock.release()
             self._lock = None
 
     def __enter__(self) -> RunDir:
@@ -488,7 +551,50 @@ def _read_record(path: Path, decode: Callable[[dict[str, Any]], Any]) -> tuple[s
         return None
 
 
-def _acquire(directory: Path) -> int:
+class Reservation:
+    """A directory made where missing and locked (``.lock``, :func:`acquire_lock`) by this process until :meth:`release`.
+
+    What the toolkit writes into a directory it reserves first (a run, an audit), so that a
+    second process is refused before it loads a model or writes a file. Released before
+    :meth:`keep` was called, the folders it made go again where they are still empty: a
+    refused or failed start leaves nothing behind.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        made = self.path
+        while not made.parent.exists() and made.parent != made:
+            made = made.parent
+        self._made: Path | None = None if self.path.exists() else made
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._fd: int | None = acquire_lock(self.path)
+        except BaseException:
+            self._fd = None
+            self.release()
+            raise
+
+    def keep(self) -> None:
+        """The directory now holds work: :meth:`release` leaves it."""
+        self._made = None
+
+    def release(self) -> None:
+        """Release the lock (idempotent); remove the folders made here where nothing filled them (unless kept)."""
+        if self._fd is not None:
+            release_lock(self.path, self._fd)
+            self._fd = None
+        if self._made is not None:
+            folder = self.path
+            with contextlib.suppress(OSError):
+                while folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+                    folder.rmdir()
+                    if folder == self._made:
+                        break
+                    folder = folder.parent
+            self._made = None
+
+
+def acquire_lock(directory: Path) -> int:
     """An exclusive lock on directory/.lock, holding our pid; RunDirectoryError when another process has it."""
     import fcntl
 
@@ -504,7 +610,7 @@ def _acquire(directory: Path) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            holder = _lock_holder(directory)
+            holder = lock_holder(directory)
             raise RunDirectoryError(
                 f"{directory} is being written by another contllm process (pid {holder or 'unknown'}); "
                 "wait for it to finish or choose another --out"
@@ -521,14 +627,14 @@ def _acquire(directory: Path) -> int:
         os.close(fd)
 
 
-def _release(directory: Path, fd: int) -> None:
+def release_lock(directory: Path, fd: int) -> None:
     """Remove directory/.lock and release it (in that order, so nobody locks a removed file unseen)."""
     with contextlib.suppress(OSError):
         os.unlink(directory / LOCK)
     os.close(fd)
 
 
-def _lock_holder(directory: Path) -> str | None:
+def lock_holder(directory: Path) -> str | None:
     """The pid written in directory/.lock while a live process holds it, else None."""
     import fcntl
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from contllm.errors import ExperimentError
+from contllm.files import model_folder
 from contllm.schemas import non_finite
 from contllm.settings import DEFAULT_FORMATS, RunSettings, figure_formats
 
@@ -117,16 +118,16 @@ def load_spec(path: Path, *, model: str | None = None, items: str | None = None,
     if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
         raise ExperimentError(f"{where}: 'models' must be a non-empty list of model names")
     for k, model in enumerate(models):
-        if not SAFE_COMPONENT.fullmatch(_model_dir(model)) or len(_model_dir(model)) > MAX_LABEL:
+        if not SAFE_COMPONENT.fullmatch(model_folder(model)) or len(model_folder(model)) > MAX_LABEL:
             raise ExperimentError(
                 f"{where}: model {model[:80]!r} does not give a plain directory name (at most {MAX_LABEL} characters)"
             )
         if model in models[:k]:
             raise ExperimentError(f"{where}: model {model!r} is listed twice")
-        same = [m for m in models[:k] if _model_dir(m) == _model_dir(model)]
+        same = [m for m in models[:k] if model_folder(m) == model_folder(model)]
         if same:
             raise ExperimentError(
-                f"{where}: models {same[0]!r} and {model!r} would share the directory {_model_dir(model)!r}"
+                f"{where}: models {same[0]!r} and {model!r} would share the directory {model_folder(model)!r}"
             )
     out = _typed(data, "out", str, None, where)
     dtype = _typed(data, "dtype", str, None, where)
@@ -226,10 +227,6 @@ def _entries(
     return out
 
 
-def _model_dir(model: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name or model)
-
-
 def run_spec(
     path: Path,
     *,
@@ -312,7 +309,7 @@ def check_targets(
     resolve_device(device)
     targets: dict[Path, SpecEntry] = {}
     for entry in entries:
-        target = root / _model_dir(entry.model) / entry.label
+        target = root / model_folder(entry.model) / entry.label
         if target in targets:
             raise RunDirectoryError(
                 f"{spec.path}: {entry.model} {entry.label} and {targets[target].model} {targets[target].label} "

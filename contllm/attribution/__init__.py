@@ -323,6 +323,9 @@ def attribute(
             f"{type(readout).__name__} {shown[:60] + '...' if len(shown) > 60 else shown}; "
             "for a function of the logits, take lm.gradients"
         )
+    from contllm.engine import check_signals
+
+    (signal,) = check_signals(signal, single_ok=True)  # the gate of every entry point (in-place edits included)
     chosen, position = _check_tokens(signal, tokens, position)
     if not (isinstance(floor, (int, float)) and 0 <= floor < 1):
         raise SignalError(f"floor must be 0 (deletion) or a duration factor in (0, 1), got {floor!r}")

@@ -16,6 +16,7 @@ so an interrupted audit ends with the card an uninterrupted one would have writt
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -92,23 +93,36 @@ def read_audit(out: Path) -> dict[str, Any] | None:
     return data
 
 
-def check_out(out: Path, *, resume: bool, force: bool) -> dict[str, Any] | None:
+def check_out(out: Path, *, resume: bool, force: bool, locked: bool = False) -> dict[str, Any] | None:
     """Check the audit directory before anything loads; the audit.json to resume from (None: a new audit).
 
-    A directory that holds files needs --resume (it must be an audit's) or --force (it must
-    be an audit's, which is replaced run by run).
+    Model-free and quick (the command line calls it before torch loads). Refused: a place
+    where no directory can be made or written (a file, /proc, read-only), a directory that
+    another process holds (its lock, :data:`contllm.runs.LOCK`), --resume where there is no
+    audit to resume. A directory that holds files needs --resume (it must be an audit's) or
+    --force (it must be an audit's, which is replaced run by run). ``locked``: this process
+    holds the directory's lock (the checks are made again under it).
     """
+    from contllm.runs import LOCK, check_place, describe_folder, lock_holder
+
     if resume and force:
         raise RunDirectoryError("--resume and --force contradict each other; give one")
-    if out.exists() and not out.is_dir():
-        raise RunDirectoryError(f"{out} exists and is not a directory")
-    occupied = out.is_dir() and any(out.iterdir())
+    check_place(out)
+    holder = None if locked else lock_holder(out)
+    if holder is not None:
+        raise RunDirectoryError(
+            f"{out} is being written by another contllm audit (pid {holder}); wait for it to finish or give another --out"
+        )
+    occupied = out.is_dir() and any(p.name != LOCK for p in out.iterdir())
     if not occupied:
+        if resume:
+            raise RunDirectoryError(f"cannot resume: {out} holds no audit (no {AUDIT}); start it without --resume")
         return None
     stored = read_audit(out)
     if stored is None:
         raise RunDirectoryError(
-            f"{out} already holds files and is not an audit directory (no {AUDIT}); give another --out"
+            f"{out} already holds files and is not an audit directory (no {AUDIT}){describe_folder(out)}; "
+            "give another --out"
         )
     if not (resume or force):
         raise RunDirectoryError(f"{out} already holds an audit; use --resume to continue it or --force to replace it")
@@ -246,8 +260,12 @@ def run_studies(
     device: str,
     say: Say,
     progress: bool,
+    on_finished: Callable[[str, float], None] | None = None,
 ) -> dict[str, float | None]:
-    """Run every share of the plan into out/<experiment> through the runner; seconds per run (None: skipped, finished)."""
+    """Run every share of the plan into out/<experiment> through the runner; seconds per run (None: skipped, finished).
+
+    on_finished(experiment, seconds): called as each run finishes (an audit records its times as it goes).
+    """
     from contllm.runner import check_run, run
 
     seconds: dict[str, float | None] = {}
@@ -277,6 +295,8 @@ def run_studies(
             **values,
         )
         seconds[s.experiment] = round(time.perf_counter() - started, 3)
+        if on_finished is not None:
+            on_finished(s.experiment, seconds[s.experiment] or 0.0)
     return seconds
 
 
@@ -317,8 +337,6 @@ def audit(
     returns the card. Raises a ContllmError subclass for bad input before anything is
     loaded or written (a budget too small for the smallest audit: once the machine is measured).
     """
-    from contllm.cards.card import build_card
-    from contllm.cards.page import card_page
     from contllm.logs import note
 
     started = time.perf_counter()
@@ -332,13 +350,63 @@ def audit(
         model = model or lm
     name = model or str(getattr(getattr(lm, "info", None), "name", None) or "model")
     out = Path(out) if out is not None else default_out(name)
-    stored = check_out(out, resume=resume, force=force)
+    check_out(out, resume=resume, force=force)
+    _refuse_launch()
+    from contllm.runs import Reservation
+
+    reservation = Reservation(out)  # held until the card is written: a second audit here is refused at once
+    try:
+        return _audit_reserved(
+            lm,
+            reservation,
+            started=started,
+            name=name,
+            budget=seconds_budget,
+            protocol=protocol,
+            counts=counts,
+            resume=resume,
+            force=force,
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            resamples=resamples,
+            say=say,
+            progress=progress,
+        )
+    finally:
+        reservation.release()
+
+
+def _audit_reserved(
+    lm: Any,
+    reservation: Any,
+    *,
+    started: float,
+    name: str,
+    budget: float | None,
+    protocol: str,
+    counts: dict[str, int] | None,
+    resume: bool,
+    force: bool,
+    device: str,
+    dtype: str | None,
+    seed: int,
+    resamples: int,
+    say: Say,
+    progress: bool,
+) -> Any:
+    """:func:`audit`, once its directory is reserved (created where missing and locked by this process)."""
+    from contllm.cards.card import build_card
+    from contllm.cards.page import card_page
+
+    out = reservation.path
+    seconds_budget = budget
+    stored = check_out(out, resume=resume, force=force, locked=True)
     if stored is not None:
         check_resumed(stored, name, protocol, seconds_budget, dtype, seed)
         dtype = stored.get("dtype")
     elif counts is None and seconds_budget is None:
         seconds_budget = parse_budget(DEFAULT_BUDGET)
-    _refuse_launch()
     if isinstance(lm, str):
         from contllm.runner import load_for_run
 
@@ -355,29 +423,71 @@ def audit(
         say(f"audit plan ({budget_text(plan.budget) if plan.budget else 'given counts'}): {_counts_text(plan)}")
         for left, why in plan.left_out.items():
             say(f"  {left}: {why}")
-        out.mkdir(parents=True, exist_ok=True)
         settings = {"model": name, "protocol": protocol, "budget": plan.budget, "seed": seed, "dtype": dtype}
+        reservation.keep()
         atomic_write_json(out / AUDIT, {**settings, "plan": plan.to_dict()})
-    runs = run_studies(
-        lm,
-        out,
-        plan,
-        model=name,
-        protocol=protocol,
-        resume=stored is not None,
-        force=force,
-        seed=seed,
-        dtype=dtype,
-        device=device,
-        say=say,
-        progress=progress,
+    times = _Times(out, started, resumed=stored is not None)
+    try:
+        runs = run_studies(
+            lm,
+            out,
+            plan,
+            model=name,
+            protocol=protocol,
+            resume=times.resumed,
+            force=force,
+            seed=seed,
+            dtype=dtype,
+            device=device,
+            say=say,
+            progress=progress,
+            on_finished=times.finished,
+        )
+    finally:  # an interrupted audit keeps the times of what it did, for the card of its resumed end
+        times.save()
+    card = build_card(
+        out, plan, model=name, protocol=protocol, run_seconds=times.runs(runs), resamples=resamples, seed=seed
     )
-    card = build_card(out, plan, model=name, protocol=protocol, run_seconds=runs, resamples=resamples, seed=seed)
-    card.seconds.update(total=round(time.perf_counter() - started, 3), resumed=stored is not None)
+    card.seconds.update(total=times.total(), resumed=times.resumed)
     atomic_write_json(out / CARD_JSON, card.to_dict())
     atomic_write_text(out / CARD_HTML, card_page(card, out))
     say(f"card: {out / CARD_HTML} ({card.seconds['total']:.0f} s)")
     return card
+
+
+class _Times:
+    """An audit's times across interruptions: kept in audit.json's "seconds" ({"runs": experiment -> seconds, "spent":
+    seconds of the earlier sessions}), written as each run finishes and when the audit stops, so that a resumed
+    audit's card keeps the times of the runs finished before the interruption and counts the whole time spent."""
+
+    def __init__(self, out: Path, started: float, *, resumed: bool) -> None:
+        self.out, self.started, self.resumed = out, started, resumed
+        self.settings = read_audit(out) or {}
+        held = self.settings.get("seconds")
+        held = held if isinstance(held, dict) else {}
+        runs = held.get("runs")
+        self.earlier = {k: float(v) for k, v in (runs if isinstance(runs, dict) else {}).items() if _is_seconds(v)}
+        self.spent = float(held["spent"]) if _is_seconds(held.get("spent")) else 0.0
+        self.now: dict[str, float] = {}
+
+    def finished(self, experiment: str, seconds: float) -> None:
+        self.now[experiment] = seconds
+        self.save()
+
+    def save(self) -> None:
+        runs = {**self.earlier, **self.now}
+        atomic_write_json(self.out / AUDIT, {**self.settings, "seconds": {"runs": runs, "spent": self.total()}})
+
+    def runs(self, ran: Mapping[str, float | None]) -> dict[str, float | None]:
+        """Seconds per run: this session's, else an earlier session's (None: finished in an audit that kept no times)."""
+        return {name: value if value is not None else self.earlier.get(name) for name, value in ran.items()}
+
+    def total(self) -> float:
+        return round(self.spent + time.perf_counter() - self.started, 3)
+
+
+def _is_seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def _counts_text(plan: Plan) -> str:

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from contllm.errors import ExperimentError
+from contllm.numerals import as_number
 
 #: The budget when none is given.
 DEFAULT_BUDGET = "10m"
@@ -47,7 +48,7 @@ OUTPUT_S = 4.0
 CARD_S = 8.0
 
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([hms])")
+_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([hms])")
 
 
 def parse_budget(text: str | float | int) -> float:
@@ -69,13 +70,21 @@ def parse_budget(text: str | float | int) -> float:
             raise ExperimentError(
                 f"--budget takes a time such as 10m, 90s or 1h30m (a number and a unit h, m or s), got {text!r}"
             )
-        seconds = sum(float(number) * _UNITS[unit] for number, unit in parts)
+        seconds = sum(_number(number) * _UNITS[unit] for number, unit in parts)
     if not math.isfinite(seconds) or seconds < MIN_BUDGET_S:
         raise ExperimentError(
             f"--budget must be at least {budget_text(MIN_BUDGET_S)} (loading the model alone takes seconds), "
             f"got {text!r}"
         )
     return seconds
+
+
+def _number(text: str) -> float:
+    """One part's number, read by :func:`contllm.numerals.as_number` (ASCII digits only)."""
+    value = as_number(text)
+    if value is None:  # the pattern above admits only what as_number reads
+        raise ExperimentError(f"--budget takes ASCII digits, got {text!r}")
+    return value
 
 
 def budget_text(seconds: float) -> str:

@@ -8,29 +8,13 @@ torch is imported, so a usage error answers at once with one line and exit statu
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from contllm import logs
-from contllm.cli_errors import fail
-from contllm.errors import ContllmError
-
-
-def _guarded(work: Callable[[], Any], resume_hint: str) -> Any:
-    """``work()``, with the toolkit's errors as one line and exit status 2, Ctrl-C as status 130."""
-    try:
-        return work()
-    except ContllmError as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exit_with=typer.Exit)
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        fail(f"{where}{exc.strerror or exc}", exit_with=typer.Exit)
-    except KeyboardInterrupt:
-        typer.echo(f"interrupted; finished items are saved, continue with: {resume_hint}", err=True)
-        raise typer.Exit(130) from None
+from contllm.cli_errors import fail, guarded
 
 
 def audit(
@@ -103,7 +87,7 @@ def audit(
 
         out = default_out(model)
     hint = f"contllm audit {model} --out {out} --resume"
-    _guarded(lambda: _check(model, budget, out, protocol, resume, force, dtype), hint)
+    guarded(lambda: _check(model, budget, out, protocol, resume, force, dtype), typer.Exit, hint)
 
     def start() -> Any:
         from contllm.cards.auditing import audit as run_audit
@@ -120,7 +104,7 @@ def audit(
             progress=logs.LOGGER.isEnabledFor(logging.INFO),
         )
 
-    _guarded(start, hint)
+    guarded(start, typer.Exit, hint)
     typer.echo(str(out / "card.html"))
 
 
@@ -130,9 +114,11 @@ def _check(
     """Every check of an audit that needs neither torch nor the model (the audit repeats them, at no cost)."""
     from contllm.cards.auditing import check_out, check_protocol, check_resumed
     from contllm.cards.budget import parse_budget
+    from contllm.cli_index import check_cache
 
     seconds = None if budget is None else parse_budget(budget)
     check_protocol(protocol)
+    check_cache(model)
     stored = check_out(out, resume=resume, force=force)
     if stored is not None:
         check_resumed(stored, model, protocol, seconds, dtype)
@@ -148,5 +134,5 @@ def _compare(cards: list[str], out: Path | None, force: bool, **others: Any) -> 
         fail("--compare needs --out, the directory for compare.html", exit_with=typer.Exit)
     from contllm.cards.auditing import compare as write_compare
 
-    path = _guarded(lambda: write_compare(cards, out, force=force), "")
+    path = guarded(lambda: write_compare(cards, out, force=force), typer.Exit)
     typer.echo(str(path))

@@ -40,6 +40,7 @@ import torch
 import transformers
 
 from contllm.errors import ModelLoadError
+from contllm.files import cache_root as cache_root  # re-exported: contllm.models.cache_root
 from contllm.files import file_mode
 
 RECORD_NAME = "contllm_record.json"
@@ -69,19 +70,6 @@ def sha256_file(path: Path) -> str:
         while block := fh.read(1 << 22):
             digest.update(block)
     return digest.hexdigest()
-
-
-def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The cache root: ``cache_dir``, else $CONTLLM_CACHE, else $XDG_CACHE_HOME/contllm, else ~/.cache/contllm.
-
-    Nothing is created.
-    """
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    if env := os.environ.get("CONTLLM_CACHE"):
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "contllm"
 
 
 def read_record(entry_dir: Path) -> dict[str, Any] | None:
@@ -336,7 +324,7 @@ def _clear_stale(root: Path, name: str) -> None:
     if not root.is_dir():
         return
     for path in root.glob(f".{name}.*"):
-        stale = re.fullmatch(rf"\.{re.escape(name)}\.(?:tmp-(\d+)|old)-[0-9a-f]+", path.name)
+        stale = re.fullmatch(rf"\.{re.escape(name)}\.(?:tmp-([0-9]+)|old)-[0-9a-f]+", path.name)
         if stale is None or path.is_symlink() or not path.is_dir():
             continue  # not something contllm made: leave it
         if stale.group(1) and _pid_alive(int(stale.group(1))):

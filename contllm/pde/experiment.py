@@ -39,6 +39,7 @@ from contllm.experiments.base import Experiment, Metric, RunContext, Table, opti
 from contllm.experiments.options import config_dict, parse_floats
 from contllm.families import attention_modules, head_counts
 from contllm.files import jsonable
+from contllm.numerals import as_integer
 from contllm.pde.attention import pde_attention
 from contllm.pde.dynamics import SPACINGS, Dynamics
 from contllm.pde.figures import comparison_figure
@@ -96,7 +97,7 @@ def select_prompts(spec: str | int | None, prompts: Sequence[Prompt] | None = No
     try:
         return select_items(prompts, spec)
     except ExperimentError as exc:
-        if isinstance(spec, str) and not spec.strip().lstrip("+-").isdigit():
+        if isinstance(spec, str) and as_integer(spec) is None:
             known = {p.id for p in prompts}
             unknown = [w.strip() for w in spec.split(",") if w.strip() and w.strip() not in known]
             raise ExperimentError(

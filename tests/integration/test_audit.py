@@ -83,31 +83,94 @@ def test_the_card_and_the_comparison_open_in_chromium_without_console_messages(
         )
 
 
-@pytest.mark.slow
-def test_an_audit_killed_midway_resumes_to_the_card_of_an_uninterrupted_one(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "contllm", "audit", "smollm2-135m", "--budget", "2m", "--device", "cpu"]
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen([*command, "--out", str(killed)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+AUDIT = [sys.executable, "-m", "contllm", "audit", "smollm2-135m", "--device", "cpu"]
+
+
+def _start(out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([*AUDIT, "--out", str(out), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=environment())
+
+
+def _stop_inside_the_second_run(proc: subprocess.Popen, out: Path, how: signal.Signals) -> None:
+    """Send ``how`` once counting has finished and events has saved some of its items; wait for the process."""
     deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:  # kill it inside its second run, with some of that run's items saved
-        if (killed / "counting" / "summary.json").exists() and any((killed / "events" / "items").glob("*.json")):
+    while time.monotonic() < deadline:
+        if (out / "counting" / "summary.json").exists() and any((out / "events" / "items").glob("*.json")):
             break
         if proc.poll() is not None:
-            pytest.fail(f"the audit ended before it could be killed: {proc.stderr.read().decode()[-1000:]}")
+            pytest.fail(f"the audit ended before it could be stopped: {proc.stderr.read().decode()[-1000:]}")
         time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "card.json").exists() and not (killed / "events" / "summary.json").exists()
-    # The uninterrupted audit of the same plan: audit.json alone, resumed, runs every experiment from the start.
-    whole = tmp_path / "whole"
-    whole.mkdir()
-    shutil.copy(killed / "audit.json", whole / "audit.json")
-    for out in (killed, whole):
-        done = subprocess.run([*command[:-4], "--out", str(out), "--resume"], capture_output=True, text=True,
-                              env=environment(), timeout=1200)
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert done.stdout.strip() == str(out / "card.html")
-    ours, theirs = (json.loads((out / "card.json").read_text()) for out in (killed, whole))
-    assert without_times(ours) == without_times(theirs)
-    assert ours["seconds"]["runs"]["counting"] is None  # finished before the kill: read back, not run again
+    proc.send_signal(how)
+    _, err = proc.communicate(timeout=120)
+    if how == signal.SIGINT:  # Ctrl-C: one line saying how to continue, status 130
+        assert proc.returncode == 130, err.decode()[-2000:]
+        assert f"contllm audit smollm2-135m --out {out} --resume" in err.decode() and b"Traceback" not in err
+    assert not (out / "card.json").exists() and not (out / "events" / "summary.json").exists()
+
+
+def _resume(out: Path) -> dict:
+    done = subprocess.run([*AUDIT, "--out", str(out), "--resume"], capture_output=True, text=True,
+                          env=environment(), timeout=1200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(out / "card.html")
+    return json.loads((out / "card.json").read_text())
+
+
+def _plan_only(source: Path, target: Path) -> None:
+    """A new audit directory holding ``source``'s audit.json without its times: the same plan, run from the start."""
+    target.mkdir()
+    settings = json.loads((source / "audit.json").read_text())
+    settings.pop("seconds", None)
+    (target / "audit.json").write_text(json.dumps(settings))
+
+
+@pytest.mark.slow
+def test_an_audit_stopped_midway_resumes_to_the_card_of_an_uninterrupted_one(tmp_path: Path) -> None:
+    """SIGKILL (nothing runs after it) and SIGINT (Ctrl-C), each once counting has finished, then --resume: the card
+    equals the one-pass audit of the same plan but for times, every results.csv is byte-equal, and the card keeps
+    the time of the run finished before the stop."""
+    killed, interrupted, whole = tmp_path / "killed", tmp_path / "interrupted", tmp_path / "whole"
+    _stop_inside_the_second_run(_start(killed, "--budget", "2m"), killed, signal.SIGKILL)
+    for out in (whole, interrupted):  # the same plan (audit.json), run from the start
+        _plan_only(killed, out)
+    _stop_inside_the_second_run(_start(interrupted, "--resume"), interrupted, signal.SIGINT)
+    kept = {out: json.loads((out / "audit.json").read_text()).get("seconds", {}) for out in (killed, interrupted)}
+    assert kept[interrupted]["runs"]["counting"] > 0  # written as counting finished; Ctrl-C saved the time spent
+    assert kept[interrupted]["spent"] >= kept[interrupted]["runs"]["counting"]
+    cards = {out: _resume(out) for out in (killed, interrupted, whole)}
+    for out in (killed, interrupted):
+        assert without_times(cards[out]) == without_times(cards[whole]), out.name
+        for finding in cards[whole]["findings"]:
+            table = Path(finding["run"]) / "results.csv"
+            assert (out / table).read_bytes() == (whole / table).read_bytes(), f"{out.name}: {table}"
+        runs = cards[out]["seconds"]["runs"]
+        assert runs["counting"] is not None and runs["counting"] > 0  # finished before the stop: its time is kept
+        assert all(value is not None for value in runs.values()), runs
+        assert cards[out]["seconds"]["total"] >= sum(runs.values())  # both parts of the audit counted
+        assert cards[out]["seconds"]["resumed"] is True
+    assert cards[interrupted]["seconds"]["runs"]["counting"] == kept[interrupted]["runs"]["counting"]
+
+
+@pytest.mark.slow
+def test_two_audits_into_one_directory_leave_one_whole_audit(tmp_path: Path) -> None:
+    """Started together: the second is refused in one line naming the holder, before its model loads and before it
+    writes anything; the first's card and audit.json are whole, and it resumes (finding everything finished)."""
+    out = tmp_path / "audit"
+    procs = [_start(out, "--budget", "60s") for _ in range(2)]
+    started = time.monotonic()
+    outcomes = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=900)
+        outcomes.append((proc.returncode, stdout.decode(), stderr.decode(), time.monotonic() - started))
+    assert sorted(code for code, *_ in outcomes) == [0, 2], outcomes
+    (_, stdout, _, _), (_, _, refused, _) = sorted(outcomes, key=lambda o: o[0])
+    errors = [line for line in refused.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "another contllm" in errors[0] and "pid " in errors[0], refused
+    assert "loaded" not in refused and "calibration" not in refused and "Traceback" not in refused
+    assert stdout.strip() == str(out / "card.html")
+    settings = json.loads((out / "audit.json").read_text())
+    card = json.loads((out / "card.json").read_text())
+    assert [s["experiment"] for s in settings["plan"]["shares"]] == [f["experiment"] for f in card["findings"]]
+    again = _resume(out)
+    assert without_times(again) == without_times(card)
+    assert not (out / ".lock").exists()

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, Signal, SignalError
+from contllm.attribution import Readout
+from contllm.attribution import attribute as attribute_tokens
 from contllm.engine import Engine
 from contllm.signal import MAX_TIME
 from tests.unit.tiny import prompt, random_durations, tiny_model
@@ -270,8 +272,9 @@ def test_a_signal_edited_in_place_is_checked_again_by_every_entry_point(
         lambda lm, s: lm.run_with_hooks(s),
         lambda lm, s: lm.generate(s, 1),
         lambda lm, s: lm.forward_kwargs(s),
+        lambda lm, s: attribute_tokens(lm, s, Readout.tokens([1]), steps=2),
     ],
-    ids=["logits", "run-with-hooks", "generate", "forward-kwargs"],
+    ids=["logits", "run-with-hooks", "generate", "forward-kwargs", "attribute"],
 )
 def test_a_single_signal_edited_in_place_is_named_signal(lm: ContinuousLM, call: Callable) -> None:
     s = fresh()

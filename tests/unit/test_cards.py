@@ -189,8 +189,11 @@ def test_an_interrupted_audit_resumed_ends_with_the_same_card(
     monkeypatch.undo()
     with pytest.raises(RunDirectoryError, match="--resume"):
         contllm.audit(lm, counts=COUNTS, out=again, model="tiny-llama", device="cpu")
+    kept = json.loads((again / "audit.json").read_text())["seconds"]  # written as runs finished, and at the stop
+    assert set(kept["runs"]) == {"counting", "events"} and kept["spent"] >= sum(kept["runs"].values())
     resumed = contllm.audit(lm, out=again, resume=True, model="tiny-llama", device="cpu", resamples=RESAMPLES)
-    assert resumed.seconds["resumed"] and resumed.seconds["runs"]["counting"] is None  # finished before: kept
+    assert resumed.seconds["resumed"] and resumed.seconds["runs"]["counting"] == kept["runs"]["counting"]  # kept
+    assert resumed.seconds["total"] >= kept["spent"] + resumed.seconds["runs"]["boolean"]
     first = without_times(json.loads((out / "card.json").read_text()))
     assert without_times(json.loads((again / "card.json").read_text())) == first
 

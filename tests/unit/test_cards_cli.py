@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,21 +10,9 @@ from typer.testing import CliRunner
 
 from contllm.cards.card import Card, Finding, Number
 from contllm.cli import app
-from tests.unit.test_cli_startup import HEAVY, PROBE
+from tests.unit.test_cli_startup import probe
 
 pytestmark = pytest.mark.unit
-
-
-def probe(*args: str) -> tuple[dict, str]:
-    """The command line in a fresh interpreter (tests/unit/test_cli_startup.py's probe): its exit code, the heavy
-    packages it imported, and what it wrote to stdout and stderr."""
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(list(args)), json.dumps(HEAVY)],
-        capture_output=True, text=True, timeout=120,
-    )
-    last = done.stdout.strip().splitlines()[-1]
-    assert last.startswith("PROBE "), done.stdout + done.stderr
-    return json.loads(last[len("PROBE "):]), done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(

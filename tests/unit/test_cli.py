@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from contllm.cli import app
-from contllm.spec import load_spec
 from contllm.errors import ExperimentError
+from contllm.spec import load_spec
 
 pytestmark = pytest.mark.unit
 
@@ -68,7 +68,7 @@ def test_existing_out_is_never_overwritten(tmp_path: Path) -> None:
     out = tmp_path / "precious"
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
-    one_line_error(invoke("run", "counting", "--out", str(out)), "already holds files; use --resume")
+    one_line_error(invoke("run", "counting", "--out", str(out)), "already holds files and is not a run directory")
     one_line_error(invoke("run", "counting", "--out", str(out), "--force"), "not empty and not a run directory")
     one_line_error(invoke("run", "counting", "--out", str(out), "--resume"), "is not a run directory")
     assert (out / "notes.txt").read_text() == "keep me"

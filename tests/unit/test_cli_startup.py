@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from importlib import metadata
@@ -41,10 +42,12 @@ print("PROBE " + json.dumps({"code": code, "heavy": heavy}))
 """
 
 
-def probe(*args: str) -> tuple[dict, str]:
+def probe(*args: str, env: dict[str, str] | None = None) -> tuple[dict, str]:
+    """The command line in a fresh interpreter (with ``env`` added to the environment): its exit code, the heavy
+    packages it imported, and what it wrote to stdout and stderr."""
     done = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(list(args)), json.dumps(HEAVY)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})},
     )
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("PROBE "), done.stdout + done.stderr

@@ -31,6 +31,7 @@ def test_force_never_replaces_a_directory_that_holds_other_runs(tmp_path: Path) 
     finished_run(root / "smollm2-135m" / "events", "events")
     # A run directory written at the root itself (what label ".." used to give) ...
     (root / "config.json").write_text(json.dumps(config()))
+    (root / "items").mkdir()
     with pytest.raises(RunDirectoryError, match="it holds other runs"):
         RunDir(root, config(), force=True)
     assert (root / "smollm2-135m" / "events" / "items" / "a.json").is_file()
