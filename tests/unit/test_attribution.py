@@ -317,33 +317,6 @@ def test_records_round_trip_and_rank_the_span() -> None:
     assert line_start("ab\ncd", [(0, 1), (1, 2), (3, 4), (4, 5)], 4) == 2
 
 
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["--dataset", "boolean"], "--dataset must be one of counting, events"),
-        (["--steps", "4"], "--steps must be an integer from 8"),
-        (["--floor", "1"], "--floor must be 0"),
-        (["--tokens", "some"], "--tokens must be one of item, all"),
-        (["--readout", "mean"], "--readout must be one of count, truth, log-truth"),
-        (["--rule", "simpson"], "--rule must be one of placed, adaptive, gauss"),
-        (["--first", "-1"], "--first must be an integer >= 0"),
-        (["--template", "no field"], "the template has no {words} field"),
-        (["--data", "no-such-file.jsonl"], "no-such-file.jsonl: no such file"),
-    ],
-)
-def test_bad_options_give_one_line_and_status_2(args: list[str], needle: str, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from contllm.cli import app
-
-    out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", "attribution", *args, "--out", str(out)])
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.output
-    assert not out.exists()
-
-
 def test_the_experiment_is_registered_and_selects_items() -> None:
     assert registry.get("attribution") is EXPERIMENT and EXPERIMENT.engine
     assert [i.id for i in EXPERIMENT.items(EXPERIMENT.config())] == [f"count-00{k}" for k in range(1, 9)]

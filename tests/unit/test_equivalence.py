@@ -133,32 +133,6 @@ def test_a_grid_round_trips_through_its_dict() -> None:
         Grid.from_dict({**grid.to_dict(), "durations": [1.0]})
 
 
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["--range", "1.5,3"], "must hold 1"),
-        (["--range", "0,3"], "duration factors must be positive"),
-        (["--max-copies", "10"], "--max-copies must be between 1 and 9"),
-        (["--max-copies", "two"], "--max-copies must be an integer"),
-        (["--per-category", "0"], "--per-category must be between 1 and 10"),
-        (["--samples", "0"], "samples must be an integer >= 1"),
-        (["--template", "no field"], "the template has no {words} field"),
-        (["--times", "1"], "--times do not apply to the equivalence experiment"),
-    ],
-)
-def test_bad_options_give_one_line_and_status_2(args: list[str], needle: str, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from contllm.cli import app
-
-    out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", "equivalence", *args, "--out", str(out)])
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.output
-    assert not out.exists()
-
-
 def test_a_run_writes_its_grids_tables_summary_and_figures(full_run: Path) -> None:
     result = EquivalenceResult.from_dict(json.loads((full_run / "results.json").read_text()))
     assert [g.item_id for g in result.grids] == ["count-001", "count-002"]

@@ -12,8 +12,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
-from contllm.errors import ContllmError
 from contllm.engine import Engine
+from contllm.errors import ContllmError
+from contllm.experiments.sweeps import ExperimentResult, Sweep
 from contllm.experiments.word_interpolation import (
     EXPERIMENT,
     GROUPS,
@@ -27,7 +28,6 @@ from contllm.experiments.word_interpolation import (
     summarize_sweeps,
     yes_no,
 )
-from contllm.experiments.sweeps import ExperimentResult, Sweep
 from contllm.signal import Signal
 from tests.unit.tiny import tiny_model, tiny_model64
 
@@ -196,30 +196,6 @@ def test_the_summary_counts_accuracy_crossovers_and_the_crossing_alpha() -> None
     unknown = summarize_sweeps([sweep(None, [0.9, 0.1]), sweep(None, [0.9, 0.8])])
     assert "accuracy_at_alpha_0" not in unknown and "crossover_share" not in unknown
     assert unknown["flip_share"] == 0.5 and unknown["first_second_items"] == 0
-
-
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["--range", "0,1.5"], "alpha range must lie within 0,1"),
-        (["--method", "cubic"], "method must be 'linear' or 'slerp'"),
-        (["--template", "no field"], "the template has no {question} field"),
-        (["--pairs", "apples-pears"], "--pairs: unknown pair(s) apples-pears"),
-        (["--data", "missing.json"], "missing.json: no such file"),
-        (["--data", "x.txt"], "must end in .json, .jsonl or .csv"),
-    ],
-)
-def test_bad_options_give_one_line_and_status_2(args: list[str], needle: str, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from contllm.cli import app
-
-    out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", "interpolation", *args, "--out", str(out)])
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.output
-    assert not out.exists()
 
 
 @pytest.fixture(scope="module")

@@ -124,30 +124,6 @@ def test_each_item_is_one_engine_call_holding_both_paths(lm: ContinuousLM) -> No
         assert p.real.shape == p.baseline.shape == (3, len(p.labels))
 
 
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["--samples", "2"], "--samples must be an integer from 3"),
-        (["--per-source", "-1"], "--per-source must be an integer >= 0"),
-        (["--sources", "words"], "--sources: unknown source(s) words"),
-        (["--top", "0"], "--top must be an integer from 1 to 100"),
-        (["--method", "cubic"], "method must be 'linear' or 'slerp'"),
-        (["--range", "0,1"], "--range do not apply to the linearity experiment"),
-    ],
-)
-def test_bad_options_give_one_line_and_status_2(args: list[str], needle: str, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from contllm.cli import app
-
-    out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", "linearity", *args, "--out", str(out)])
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and needle in lines[0], result.output
-    assert not out.exists()
-
-
 OPTIONS = {"samples": "3", "per_source": "1"}
 
 

@@ -248,26 +248,3 @@ def test_the_comparison_and_report_columns(full_run: Path) -> None:
     plt.close(fig)
     assert EXPERIMENT.report_columns(result) == {"factor_min": 0.5, "factor_max": 1.0, "samples": 2}
 
-
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["--range", "0,1"], "duration factors must be positive"),
-        (["--samples", "0"], "samples must be an integer >= 1"),
-        (["--template", "{first} + {second} ="], "the template has no {problem} field"),
-        (["--template", "{problem} {third}"], "unknown template field(s) {third}"),
-        (["--data", "nowhere.json"], "nowhere.json: no such file"),
-        (["--event", "1"], "--event do not apply to the sums experiment"),
-    ],
-)
-def test_bad_options_give_one_line_and_status_2(args: list[str], needle: str, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from contllm.cli import app
-
-    out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", "sums", *args, "--out", str(out)])
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.output
-    assert not out.exists()

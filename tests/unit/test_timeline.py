@@ -119,29 +119,6 @@ def test_scaling_at_s_1_is_the_stock_model_and_small_s_moves_the_output(data: Pa
     assert 0.01 <= summary["mean_lowest_s_keeping_argmax"] <= 1.0
 
 
-@pytest.mark.parametrize(
-    ("name", "args", "needle"),
-    [
-        ("scaling", ["--range", "0,1"], "the scale s must be positive"),
-        ("scaling", ["--threshold", "2"], "--threshold must lie in"),
-        ("translation", ["--range", "1,10"], "must hold 0"),
-        ("translation", ["--samples", "1"], "one sample needs a range with min == max"),
-        ("translation", ["--data", "prompts.txt"], "must end in .json, .jsonl or .csv"),
-    ],
-)
-def test_bad_options_give_one_line_and_status_2(name: str, args: list[str], needle: str, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from contllm.cli import app
-
-    out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", name, *args, "--out", str(out)])
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.output
-    assert not out.exists()
-
-
 def test_a_translation_run_writes_its_files_and_compares(data: Path, tmp_path: Path) -> None:
     from contllm.plotting import plt
     from contllm.runner import run

@@ -17,7 +17,6 @@ from contllm.engine import Engine
 from contllm.experiments import run_experiment, summarize
 from contllm.experiments.tokens import EXPERIMENT, TokensConfig
 from contllm.experiments.tracking import Track, TrackResult, load_items, track
-from contllm.signal import Signal
 from tests.unit.tiny import VOCAB, tiny_model, tiny_model64
 
 pytestmark = pytest.mark.unit
@@ -139,33 +138,6 @@ def test_a_run_tracks_what_the_full_distributions_say(lm: ContinuousLM, data: Pa
     assert summary["interpolate_items"] == 2 and summary["scale_items"] == 1
     assert summary["mean_tracked_tokens"] == pytest.approx(np.mean([len(t.token_ids) for t in result.tracks]))
     assert summary["share_argmax_changes"] == pytest.approx(np.mean([len(set(t.top_ids)) > 1 for t in result.tracks]))
-
-
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["--threshold", "0"], "--threshold must lie in [0.001, 1)"),
-        (["--threshold", "1"], "--threshold must lie in [0.001, 1)"),
-        (["--range", "0,2"], "alpha range must lie within 0,1"),
-        (["--factors", "2,1"], "--factors must be MIN,MAX with 0 <= MIN <= MAX"),
-        (["--factors", "1,2,3"], "--factors must be MIN,MAX"),
-        (["--method", "cubic"], "method must be 'linear' or 'slerp'"),
-        (["--samples", "0"], "samples must be an integer >= 1"),
-        (["--data", "missing.json"], "missing.json: no such file"),
-        (["--items", "nope"], "nope"),
-    ],
-)
-def test_bad_options_give_one_line_and_status_2(args: list[str], needle: str, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from contllm.cli import app
-
-    out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", "tokens", *args, "--out", str(out)])
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.output
-    assert not out.exists()
 
 
 @pytest.mark.parametrize(
