@@ -12,20 +12,24 @@ a run directory already finished is kept). ``draw`` saves each run's summary fig
 ``contllm.experiments.figure`` only, so the same command under another checkout of the
 code draws that checkout's figures of the same runs (how the before/after pairs of a
 figure change are made). ``shots`` opens the ``explorer.html`` of :data:`EXPLORED` in
-headless Chromium (selenium with Debian's ``chromium`` and ``chromium-driver``) and saves a
-screenshot of each as ``explorer-<experiment>.png``. ``tests/integration/test_gallery.py``
+headless Chromium (the browser tests' starter, tests/integration/browser.py: selenium with
+Debian's ``chromium`` and ``chromium-driver``) and saves a screenshot of each as
+``explorer-<experiment>.png``. ``tests/integration/test_gallery.py``
 runs the same functions on smaller runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__":  # run as a script from the repository root: the browser starter lives in tests/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODEL = "smollm2-135m"
 
@@ -106,46 +110,23 @@ def draw(run_dirs: Mapping[str, Path], to: str | Path) -> list[Path]:
     return written
 
 
-def chromium() -> tuple[str, str] | None:
-    """(the Chromium binary, chromedriver) when both are installed, else None."""
-    browser = next(
-        (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None
-    )
-    driver = shutil.which("chromedriver")
-    return (browser, driver) if browser and driver else None
+def no_browser() -> str | None:
+    """None when a headless Chromium can start here, else why not."""
+    from tests.integration.browser import missing
+
+    return missing()
 
 
 @contextmanager
 def browser(width: int = 1300, height: int = 1000) -> Iterator[Any]:
-    """A headless Chromium driven by selenium, with a profile of its own that is removed afterwards."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    """The headless Chromium of the browser tests (tests/integration/browser.py), without scroll bars."""
+    from tests.integration import browser as starter
 
-    found = chromium()
-    if found is None:
-        raise RuntimeError("Chromium or chromedriver is missing (apt-get install chromium chromium-driver)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = found[0]
-    profile = tempfile.mkdtemp(prefix="contllm-chromium-")
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--hide-scrollbars",
-        f"--user-data-dir={profile}",
-        f"--window-size={width},{height}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(found[1]), options=options)
-    try:
+    why = starter.missing()
+    if why is not None:
+        raise RuntimeError(why)
+    with starter.chromium(width, height, hide_scrollbars=True) as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def screenshot(driver: Any, page: Path, target: Path, *, item: str | None = None, at: float | None = None) -> Path:

@@ -28,10 +28,12 @@ def missing() -> str | None:
 
 
 @contextmanager
-def chromium(width: int = 1300, height: int = 1000) -> Iterator[Any]:
+def chromium(width: int = 1300, height: int = 1000, *, hide_scrollbars: bool = False) -> Iterator[Any]:
     """A headless Chromium (a selenium driver) whose window is ``width`` x ``height``; quits on exit, errors included.
 
-    The browser's console messages are kept (``driver.get_log("browser")``).
+    The browser's console messages are kept (``driver.get_log("browser")``). hide_scrollbars:
+    pictures without scroll bars (the docs' gallery). The one starter of the repository:
+    the browser tests, scripts/card_screenshot.py and docs/gallery.py take it.
     """
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -50,6 +52,7 @@ def chromium(width: int = 1300, height: int = 1000) -> Iterator[Any]:
         "--no-first-run",
         f"--user-data-dir={profile}",
         f"--window-size={width},{height}",
+        *(["--hide-scrollbars"] if hide_scrollbars else []),
     ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(DRIVER), options=options)
