@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from contllm.hardware import cpu_name
+
 
 def contllm_command() -> list[str]:
     """The ``contllm`` console script of this interpreter's environment, else ``python -m contllm``."""
@@ -41,16 +43,6 @@ def best_of(command: list[str], repeat: int) -> float:
     return min(times)
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs per command; the best counts [default: 5]")
@@ -68,7 +60,9 @@ def main() -> int:
     width = max(len(name) for name, _, _ in rows)
     missed = False
     for name, seconds, judged in rows:
-        verdict = ("ok" if seconds < args.target else "over") + f" (target < {args.target:g} s)" if judged else "for scale"
+        verdict = (
+            ("ok" if seconds < args.target else "over") + f" (target < {args.target:g} s)" if judged else "for scale"
+        )
         missed |= judged and seconds >= args.target
         print(f"  {name:<{width}}  {seconds:6.2f} s  {verdict}")
     return 1 if missed else 0

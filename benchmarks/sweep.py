@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import platform
 import resource
 import statistics
 import time
@@ -71,13 +70,9 @@ import torch
 
 from contllm import ContinuousLM, Signal, pad_signals, precision
 from contllm.engine import Engine, EngineStats
-from contllm.hardware import HALF_WORTH_IT, cpu_capability, describe, half_precision_pays
+from contllm.hardware import HALF_WORTH_IT, cpu_capability, cpu_name, describe, half_precision_pays
 
-COUNTING_PROMPT = (
-    '"cat cat" contains 2 words.\n'
-    '"dog dog dog" contains 3 words.\n'
-    '"apple apple apple apple" contains '
-)
+COUNTING_PROMPT = '"cat cat" contains 2 words.\n"dog dog dog" contains 3 words.\n"apple apple apple apple" contains '
 
 EVENTS_INTRO = (
     "On a grey Saturday morning in early spring, long before the neighbours were awake, "
@@ -322,7 +317,11 @@ def compare(lm: ContinuousLM, work: Workload, repeats: int) -> dict[str, Any]:
         )
 
     runs = measure(
-        {"loop": lambda: per_sample_loop(lm, work.signals), "engine": lambda: engine.probs(work.signals), "dense": dense},
+        {
+            "loop": lambda: per_sample_loop(lm, work.signals),
+            "engine": lambda: engine.probs(work.signals),
+            "dense": dense,
+        },
         repeats,
     )
     (loop_probs, loop_t), (engine_probs, engine_t) = runs["loop"], runs["engine"]
@@ -402,7 +401,9 @@ def print_comparison(r: dict[str, Any]) -> None:
     stats: EngineStats = r["stats"]
     n = r["n"]
     print(f"\n[{r['name']}] {n} samples x {r['tokens']} tokens, first edited token at {r['edit_start']}")
-    print(f"  engine chunks: {len(stats.chunks)}, rows {[c.rows for c in stats.chunks]}, prefix {list(stats.prefix_lens)}")
+    print(
+        f"  engine chunks: {len(stats.chunks)}, rows {[c.rows for c in stats.chunks]}, prefix {list(stats.prefix_lens)}"
+    )
     for label, key in (("per-sample loop", "loop"), ("engine", "engine")):
         t: Timing = r[key]
         print(
@@ -447,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(decision, flush=True)
     if dtype == torch.bfloat16 and not with_bf16:
         parser.error(f"--dtype bfloat16 is a bf16 section: {decision}")
-    cpu = _cpu_name()
+    cpu = cpu_name()
     print(f"machine: {cpu}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
     print(
         f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
@@ -457,7 +458,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("note: the machine is busy with other processes; OMP_WAIT_POLICY=PASSIVE gives steadier figures")
     start = time.perf_counter()
     lm = load_lm(args.model, dtype)
-    print(f"model: {lm!r} loaded in {time.perf_counter() - start:.1f} s; {linear_weights(lm.model) / 1e6:.1f}M decoder weights")
+    print(
+        f"model: {lm!r} loaded in {time.perf_counter() - start:.1f} s; {linear_weights(lm.model) / 1e6:.1f}M decoder weights"
+    )
 
     workloads = [WORKLOADS[name](lm, factors) for name in args.workloads.split(",")]
     for work in workloads:
@@ -470,16 +473,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         for line in compare_dtypes(fp32, bf16, workloads, args.repeats):
             print(line)
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Half-precision results depend on the CPU: bfloat16 matmuls run on AMX tiles, on
 AVX-512 ``avx512_bf16`` dot products or converted to float32, and each sums in its own
 order, so the same bfloat16 model gives different roundings (and speeds) on different
 machines. A figure measured on one CPU is only comparable with figures taken on a CPU
-with the same capabilities; :func:`cpu_capability` says which.
+with the same capabilities; :func:`cpu_capability` says which. The module imports torch
+only where a function needs it: :func:`cpu_name` is read without it (a startup benchmark).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 CPUINFO = Path("/proc/cpuinfo")
 
@@ -40,8 +42,16 @@ def _cpuinfo() -> tuple[str | None, frozenset[str] | None]:
     return name, flags
 
 
+def cpu_name() -> str:
+    """The CPU's model name ("Intel(R) Xeon(R) ..."), from /proc/cpuinfo where it exists, else the platform's word."""
+    name, _ = _cpuinfo()
+    return name or platform.processor() or platform.machine()
+
+
 def _torch_says(probe: str) -> bool:
     """A feature as torch's cpuinfo sees it (``torch.cpu._is_*_supported``), False if torch lacks the probe."""
+    import torch
+
     fn = getattr(torch.cpu, probe, None)
     try:
         return bool(fn()) if callable(fn) else False
@@ -59,7 +69,9 @@ def cpu_capability() -> dict[str, Any]:
     ``threads`` ``torch.get_num_threads()``. The flags come from /proc/cpuinfo where it
     exists (``flags_source``), otherwise from torch's own CPU probe.
     """
-    name, flags = _cpuinfo()
+    import torch
+
+    _, flags = _cpuinfo()
     if flags is not None:
         source = str(CPUINFO)
         amx = any(f.startswith("amx") for f in flags)
@@ -74,7 +86,7 @@ def cpu_capability() -> dict[str, Any]:
         "avx512_bf16": avx512_bf16,
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
-        "name": name or platform.processor() or platform.machine(),
+        "name": cpu_name(),
         "flags_source": source,
     }
 
@@ -99,12 +111,15 @@ PROBE_WIDTH = 576
 HALF_WORTH_IT = 1.5
 
 
-def half_matmul_speedup(dtype: torch.dtype = torch.bfloat16, *, repeats: int = 3) -> float:
+def half_matmul_speedup(dtype: torch.dtype | None = None, *, repeats: int = 3) -> float:
     """How many times faster a matmul runs in ``dtype`` than in float32 on this CPU (about 50 ms to measure).
 
     The best of ``repeats`` timings of the :data:`PROBE_ROWS` x :data:`PROBE_WIDTH` matmul in
-    each dtype, with torch's current threads. Above 1, ``dtype`` is faster.
+    each dtype (None: bfloat16), with torch's current threads. Above 1, ``dtype`` is faster.
     """
+    import torch
+
+    dtype = torch.bfloat16 if dtype is None else dtype
     times = {}
     with torch.inference_mode():
         for kind in (torch.float32, dtype):
@@ -120,13 +135,14 @@ def half_matmul_speedup(dtype: torch.dtype = torch.bfloat16, *, repeats: int = 3
     return times[torch.float32] / times[dtype]
 
 
-def half_precision_pays(dtype: torch.dtype = torch.bfloat16) -> tuple[bool, float]:
-    """Whether ``dtype`` matmuls run at least :data:`HALF_WORTH_IT` times faster than float32 here, and the speed-up."""
+def half_precision_pays(dtype: torch.dtype | None = None) -> tuple[bool, float]:
+    """Whether ``dtype`` matmuls (None: bfloat16) run at least :data:`HALF_WORTH_IT` times faster than float32 here,
+    and the speed-up."""
     speedup = half_matmul_speedup(dtype)
     return speedup >= HALF_WORTH_IT, speedup
 
 
-def half_sections(choice: str, dtype: torch.dtype = torch.bfloat16) -> tuple[bool, str | None]:
+def half_sections(choice: str, dtype: torch.dtype | None = None) -> tuple[bool, str | None]:
     """Whether a benchmark's half-precision sections run, and a line saying why not when the probe decided.
 
     choice: "on", "off" or "auto" (run them where ``dtype`` matmuls pay on this CPU: where they
@@ -139,7 +155,7 @@ def half_sections(choice: str, dtype: torch.dtype = torch.bfloat16) -> tuple[boo
     pays, speedup = half_precision_pays(dtype)
     if pays:
         return True, None
-    name = str(dtype).removeprefix("torch.")
+    name = "bfloat16" if dtype is None else str(dtype).removeprefix("torch.")
     return False, (
         f"{name} sections skipped: {name} matmuls run at {speedup:.2f}x the float32 speed on this CPU "
         f"(below {HALF_WORTH_IT}x); --bf16 on runs them anyway"
