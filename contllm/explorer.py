@@ -1,8 +1,9 @@
 """``explorer.html``: one self-contained page to scrub a sweep by hand.
 
-Every experiment whose records hold a read-out over a swept knob gets a page in its run
-directory: duration sweeps (counting, events), interpolations (boolean, interpolation),
-tracked tokens (tokens, scaling, translation) and sums (the first answer digit). Pick an
+Every experiment that declares a read-out over a swept knob
+(:attr:`~contllm.experiments.base.Experiment.explorer`) gets a page in its run directory:
+duration sweeps (counting, events), interpolations (boolean, interpolation), tracked
+tokens (tokens, scaling, translation) and sums (the first answer digit). Pick an
 item, drag the slider along the knob, and see the read-out distribution as bars, every
 label's curve with a cursor at the slider, and the prompt's tokens drawn as boxes as
 long as their durations (the edited ones highlighted). ``contllm report`` writes one page
@@ -32,8 +33,11 @@ __all__ = ["Exploration", "explore", "explorer_data", "item_view", "page"]
 DURATION_KNOBS = ("factor", "c", "s", "scale", "duration")
 
 
-def item_view(record: dict[str, Any], knob: str) -> dict[str, Any] | None:
+def item_view(record: dict[str, Any], knob: str, probs: Any = None) -> dict[str, Any] | None:
     """What the page shows of one record (a record's ``to_dict()``), or None for a record without a read-out.
+
+    probs: the read-out, one row of label probabilities per value of the knob (None: the
+    record's ``probs``; an experiment's :meth:`~contllm.experiments.base.Experiment.explorer_probs`).
 
     Returns id, x [S], labels [K], probs [S][K], truth (the true label where the record has
     one throughout), truths [S] (the true label at each value: the truth of a duration sweep
@@ -50,14 +54,13 @@ def item_view(record: dict[str, Any], knob: str) -> dict[str, Any] | None:
     labels, x = record.get("labels"), record.get("x")
     if not isinstance(labels, list) or not isinstance(x, list):
         return None
-    if "probs" in record:
-        probs = record["probs"]
-    elif record.get("steps"):  # sums: the first answer digit's distribution at each factor
-        probs = [row if row is not None else [0.0] * len(labels) for row in record["steps"][0]]
-    else:
-        return None
-    # One row of label probabilities per value of the knob, or this is another shape of record.
-    if len(probs) != len(x) or not all(isinstance(row, list) and len(row) == len(labels) for row in probs):
+    probs = record.get("probs") if probs is None else probs
+    # One row of label probabilities per value of the knob, or the record is malformed.
+    if (
+        not isinstance(probs, list)
+        or len(probs) != len(x)
+        or not all(isinstance(row, list) and len(row) == len(labels) for row in probs)
+    ):
         return None
     if any(isinstance(p, list) for row in probs for p in row):
         return None
@@ -171,21 +174,36 @@ def explorer_data(runs: Sequence[tuple[str, Any]]) -> dict[str, Any] | None:
     """The page's data for labelled results [(name, result), ...] of one experiment, or None when no record fits.
 
     Each result is a :class:`~contllm.experiments.base.Records` (its ``records`` hold
-    ``to_dict()``); the knob's name is the result's ``x_label``, else the records' ``knob``.
+    ``to_dict()``) of a registered experiment that declares a read-out
+    (:attr:`~contllm.experiments.base.Experiment.explorer`; None for any other); the knob's
+    name is the result's ``x_label``, else the records' ``knob``.
     """
+    experiment = getattr(runs[0][1], "experiment", "") or "" if runs else ""
+    declared = _declared(experiment)
+    if declared is None or not declared.explorer:
+        return None
     out = []
     knob = None
     for name, result in runs:
-        # A result whose records are plain data (pde's points) has no read-out per item to scrub.
         records = [r.to_dict() for r in getattr(result, "records", []) if hasattr(r, "to_dict")]
         knob = knob or getattr(result, "x_label", None) or next((r.get("knob") for r in records if r.get("knob")), None)
-        items = [v for v in (item_view(r, knob or "x") for r in records) if v is not None]
+        items = [v for v in (item_view(r, knob or "x", declared.explorer_probs(r)) for r in records) if v is not None]
         if items:
             out.append({"name": name, "items": items})
     if not out:
         return None
-    experiment = getattr(runs[0][1], "experiment", "") or ""
     return {"experiment": experiment, "knob": knob or "x", "about": about(experiment), "runs": out}
+
+
+def _declared(experiment: str) -> Any:
+    """The registered :class:`~contllm.experiments.base.Experiment` called ``experiment``, or None."""
+    from contllm import registry
+    from contllm.errors import ContllmError
+
+    try:
+        return registry.get(experiment)
+    except ContllmError:
+        return None
 
 
 #: What every page shows, whatever the experiment (after the experiment's own paragraph).
@@ -199,12 +217,8 @@ PAGE_PARTS = (
 def about(experiment: str) -> str:
     """The page's "what you are looking at": the experiment's :attr:`~contllm.experiments.base.Experiment.explorer_text`
     (or its one-line help), then :data:`PAGE_PARTS`; the parts alone for an experiment that is not registered."""
-    from contllm import registry
-    from contllm.errors import ContllmError
-
-    try:
-        declared = registry.get(experiment)
-    except ContllmError:
+    declared = _declared(experiment)
+    if declared is None:
         return PAGE_PARTS
     text = declared.explorer_text or declared.help
     return f"{text} {PAGE_PARTS}" if text else PAGE_PARTS

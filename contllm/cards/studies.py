@@ -1,85 +1,27 @@
-"""What an audit runs: one :class:`Study` per experiment, the numbers its card shows and the sentence it says.
+"""What an audit runs: the :class:`Study` each registered experiment declares, and the sentences the card says.
 
 Each study names its experiment, the headline metric and the paper's metrics among the
 experiment's declared ones (:class:`~contllm.experiments.base.Metric`: the card reads
 their direction and meaning from there), how its size is counted (items, or paths per
 source for linearity), the bounds the budget planner keeps it in, and the sentence that
-says what the numbers found. The experiments themselves are the registered ones, run
-through the runner like any other run.
+says what the numbers found. An experiment declares its study as its
+:attr:`~contllm.experiments.base.Experiment.study`; the audit runs the registered
+experiments that declare one (:data:`STUDIES`, in the registry's order), through the
+runner like any other run. The sentences of the built-in studies are here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, overload
 
-from contllm.cards.budget import Bounds
+from contllm.cards.study import Interval, Study
+
+__all__ = ["PROTOCOLS", "STUDIES", "Interval", "Study", "declared_studies", "number", "study"]
 
 #: The audit's protocols: the experiments' own (contllm) or the paper's.
 PROTOCOLS = ("contllm", "paper")
-
-Interval = tuple[float | None, float | None]
-
-
-@dataclass(frozen=True)
-class Study:
-    """One experiment of an audit.
-
-    experiment: its registered name. headline: the metric the card leads with; paper: the
-    paper's metrics (docs/paper.md), empty where the paper gives this result no number.
-    minimum, comfortable, maximum: the counts the planner may choose (count: items, or
-    paths per source where ``per_source``; maximum None: the dataset's size), see
-    :class:`~contllm.cards.budget.Bounds`; optional: runs only where the budget allows. spread: pick the items spread evenly over the dataset (its first N
-    otherwise, for datasets interleaved so that the first N are a balanced sample).
-    protocol: the experiment takes --protocol. finding: (summary, intervals by metric) ->
-    the sentence of what was found.
-    """
-
-    experiment: str
-    headline: str
-    paper: tuple[str, ...]
-    finding: Callable[[Mapping[str, Any], Mapping[str, Interval]], str]
-    minimum: int = 4
-    comfortable: int = 8
-    maximum: int | None = None
-    optional: bool = False
-    spread: bool = False
-    per_source: bool = False
-    protocol: bool = True
-
-    @property
-    def metrics(self) -> tuple[str, ...]:
-        """The metrics the card shows, headline first."""
-        return (self.headline, *self.paper)
-
-    @property
-    def unit(self) -> str:
-        return "paths per source" if self.per_source else "items"
-
-    def bounds(self, size: int) -> Bounds:
-        """The planner's bounds for a dataset of ``size`` units."""
-        top = size if self.maximum is None else min(size, self.maximum)
-        return Bounds(min(self.minimum, top), top, min(self.comfortable, top), self.optional)
-
-    def options(self, protocol: str, count: int) -> dict[str, str]:
-        """The experiment's options (as typed on the command line) for an audit under ``protocol`` of ``count`` units."""
-        options = {"protocol": protocol} if self.protocol else {}
-        if self.per_source:
-            options["per_source"] = str(count)
-        return options
-
-    def items(self, ids: list[str], count: int) -> str | None:
-        """The run's ``items`` setting for ``count`` units, given every item id of the experiment's config."""
-        if self.per_source:
-            return None
-        if count >= len(ids):
-            return str(len(ids))
-        if not self.spread:
-            return str(count)
-        return ",".join(ids[k * len(ids) // count] for k in range(count))
-
 
 # ---------------------------------------------------------------------------- sentences
 
@@ -193,56 +135,60 @@ def sums_finding(summary: Mapping[str, Any], intervals: Mapping[str, Interval]) 
     )
 
 
-#: The studies of an audit, in the card's order; sums only where the budget allows.
-STUDIES: tuple[Study, ...] = (
-    Study(
-        "counting",
-        "pure_peak_rate",
-        ("pure_improvement_over_chance", "auc_observed_time_sensitivity"),
-        counting_finding("words"),
-        comfortable=10,
-    ),
-    Study(
-        "events",
-        "pure_peak_rate",
-        ("pure_improvement_over_chance", "auc_observed_time_sensitivity"),
-        counting_finding("events"),
-    ),
-    Study("boolean", "mean_max_jump_p1", (), boolean_finding, spread=True),
-    Study(
-        "interpolation",
-        "mean_max_jump_yes_share",
-        ("mean_lipschitz", "variation_share"),
-        interpolation_finding,
-        spread=True,
-    ),
-    Study(
-        "linearity",
-        "all_mean_r2",
-        (),
-        linearity_finding,
-        minimum=1,
-        comfortable=2,
-        maximum=10,
-        per_source=True,
-        protocol=False,
-    ),
-    Study(
-        "sums",
-        "mean_spearman",
-        ("successful_rate", "valid_rate"),
-        sums_finding,
-        optional=True,
-    ),
-)
+def declared_studies() -> tuple[Study, ...]:
+    """The studies of the registered experiments that declare one, in registry order (the card's order).
 
-BY_NAME: dict[str, Study] = {s.experiment: s for s in STUDIES}
+    Imports every registered experiment; ExperimentError for an experiment whose study
+    names another experiment.
+    """
+    from contllm import registry
+    from contllm.errors import ExperimentError
+
+    out = []
+    for name in registry.names():
+        declared = registry.get(name).study
+        if declared is None:
+            continue
+        if declared.experiment != name:
+            raise ExperimentError(f"experiment {name!r} declares the study of {declared.experiment!r}")
+        out.append(declared)
+    return tuple(out)
+
+
+class Studies(Sequence[Study]):
+    """The audit's studies, read from the registry at each use (:func:`declared_studies`), so that an experiment
+    registered later (an installed package, a test's) is audited as well."""
+
+    @overload
+    def __getitem__(self, index: int) -> Study: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Study]: ...
+    def __getitem__(self, index: int | slice) -> Study | Sequence[Study]:
+        return declared_studies()[index]
+
+    def __len__(self) -> int:
+        return len(declared_studies())
+
+    def __iter__(self) -> Iterator[Study]:
+        return iter(declared_studies())
+
+    def __repr__(self) -> str:
+        return f"Studies({', '.join(s.experiment for s in self)})"
+
+
+#: The studies of an audit, in the card's order (the registry's); those marked optional run only where the budget
+#: allows (sums).
+STUDIES: Sequence[Study] = Studies()
 
 
 def study(name: str) -> Study:
     """The study of experiment ``name``; ExperimentError naming the audited ones otherwise."""
+    from contllm import registry
     from contllm.errors import ExperimentError
 
-    if name not in BY_NAME:
-        raise ExperimentError(f"an audit has no experiment {name!r}; it runs {', '.join(BY_NAME)}")
-    return BY_NAME[name]
+    declared = registry.get(name).study if registry.known(name) else None
+    if declared is None or declared.experiment != name:
+        raise ExperimentError(
+            f"an audit has no experiment {name!r}; it runs {', '.join(s.experiment for s in STUDIES)}"
+        )
+    return declared

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar, get_args
 
 from contllm.errors import ExperimentError
 from contllm.experiments.options import Kind, Option, build_config, config_dict
 from contllm.experiments.records import Records, plain
 from contllm.logs import note
+
+if TYPE_CHECKING:
+    from contllm.cards.study import Study
 
 #: The kinds of an option, by name (:func:`option_table`).
 KINDS: dict[str, Kind] = {kind: kind for kind in get_args(Kind)}
@@ -165,6 +168,12 @@ class Experiment(Generic[RecordT, ResultT]):
         explorer_text: a paragraph for its ``explorer.html``, "what you are looking at":
             what an item is, what the slider moves and what the bars, curves and token
             strip show (empty: the page says :attr:`help`).
+        explorer: True when its records hold a read-out over a swept knob, so that its runs
+            and reports get an ``explorer.html`` (:mod:`contllm.explorer`): each record's
+            ``to_dict()`` has ``item_id``, ``x`` [S] (the knob's values), ``labels`` [K] and
+            the probabilities [S][K] that :meth:`explorer_probs` reads (``probs``).
+        study: the :class:`~contllm.cards.study.Study` that ``contllm audit`` runs of it
+            (None: the audit leaves it out); its ``experiment`` is :attr:`name`.
         result_type: the :class:`Records` subclass of its result; with it, :meth:`decode`,
             :meth:`result` and :meth:`load_result` need no code of their own.
 
@@ -183,6 +192,8 @@ class Experiment(Generic[RecordT, ResultT]):
     result_type: ClassVar[type[Records[Any]] | None] = None
     metrics: ClassVar[tuple[Metric, ...]] = ()
     explorer_text: ClassVar[str] = ""
+    explorer: ClassVar[bool] = False
+    study: ClassVar[Study | None] = None
 
     # ------------------------------------------------------------------ configuration
     def config(self, given: Mapping[str, Any] | None = None) -> Any:
@@ -296,6 +307,11 @@ class Experiment(Generic[RecordT, ResultT]):
         A path made from an item id names it by :func:`contllm.files.data_name`; the writer
         refuses any path that would leave the run directory."""
         return iter(())
+
+    def explorer_probs(self, record: dict[str, Any]) -> Any:
+        """The read-out ``explorer.html`` shows of one record (its ``to_dict()``, where :attr:`explorer`): one row of
+        label probabilities per value of the knob, or None for a record without one (default: its ``probs``)."""
+        return record.get("probs")
 
     def report_columns(self, result: ResultT) -> dict[str, Any]:
         """Columns that describe a run in ``contllm report``'s table (e.g. a sweep's range), beside its summary."""

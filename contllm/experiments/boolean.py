@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from contllm import metrics
+from contllm.cards.studies import Study, boolean_finding
 from contllm.data import BooleanTable, load_boolean
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Metric
@@ -181,6 +182,7 @@ class BooleanExperiment(AlphaSweepExperiment):
         Option("operators", "words", "Comma-separated operators to pair, e.g. AND,XOR. [default: all]"),
         PROTOCOL,
     )
+    study = Study("boolean", "mean_max_jump_p1", (), boolean_finding, spread=True)
 
     def items(self, config: BooleanConfig) -> Sequence[BooleanItem]:
         return boolean_items(config)

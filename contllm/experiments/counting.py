@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contllm.cards.studies import Study, counting_finding
 from contllm.data import COUNTING_SCHEMA, CountingItem, load_counting, read_counting
 from contllm.data.user import DataFileOption
 from contllm.experiments.prompts import Rendered, apply_chat, render
@@ -124,6 +125,13 @@ class CountingExperiment(CountingSweepExperiment):
     )
     Config = CountingConfig
     options = CountingConfig.command_options(schema=DATA_SCHEMA)
+    study = Study(
+        "counting",
+        "pure_peak_rate",
+        ("pure_improvement_over_chance", "auc_observed_time_sensitivity"),
+        counting_finding("words"),
+        comfortable=10,
+    )
 
     def items(self, config: CountingConfig) -> Sequence[CountingItem]:
         return config.counting_items()

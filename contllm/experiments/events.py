@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from contllm.cards.studies import Study, counting_finding
 from contllm.data import EVENTS_SCHEMA, EventItem, load_events, read_events
 from contllm.data.user import DataFileOption
 from contllm.errors import ExperimentError
@@ -157,6 +158,12 @@ class EventsExperiment(CountingSweepExperiment):
             "Scale only this event (1-based; passages with fewer events are left out); 0 scales all. [default: 0]",
         ),
         schema=DATA_SCHEMA,
+    )
+    study = Study(
+        "events",
+        "pure_peak_rate",
+        ("pure_improvement_over_chance", "auc_observed_time_sensitivity"),
+        counting_finding("events"),
     )
 
     def items(self, config: EventsConfig) -> Sequence[EventItem]:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from contllm.cards import studies
 from contllm.errors import ExperimentError, SignalError
 from contllm.experiments import boolean as boolean_exp
 from contllm.experiments import word_interpolation as word_exp
@@ -354,6 +355,17 @@ class LinearityExperiment(Experiment[ReadoutPath, LinearityResult]):
     )
     engine = shardable = True
     unit = "path"
+    study = studies.Study(
+        "linearity",
+        "all_mean_r2",
+        (),
+        studies.linearity_finding,
+        minimum=1,
+        comfortable=2,
+        maximum=10,
+        per_source=True,
+        protocol=False,
+    )
     metrics = Metric.table(
         """
         all_mean_max_deviation        lower   largest |p(alpha) - chord| over the read-out on the real path, mean over items

@@ -455,6 +455,7 @@ class SweepExperiment(Experiment[Sweep, ExperimentResult]):
     engine: ClassVar[bool] = True
     shardable: ClassVar[bool] = True
     x_label: ClassVar[str] = "factor"
+    explorer = True
     counts: ClassVar[bool] = False
     result_type = ExperimentResult
 

@@ -237,6 +237,7 @@ class TrackingExperiment(Experiment[Track, TrackResult]):
     engine: ClassVar[bool] = True
     shardable: ClassVar[bool] = True
     result_type = TrackResult
+    explorer = True
     metrics = Metric.table(
         """
         mean_max_step_tv      lower  largest total variation between neighbouring values of the knob, mean over items (smoothness)

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from contllm.cards.studies import Study, interpolation_finding
 from contllm.data.user import DataFileOption, Row, data_option_help, read_rows, unique_ids
 from contllm.errors import ExperimentError
 from contllm.experiments import answers
@@ -452,6 +453,13 @@ class InterpolationExperiment(AlphaSweepExperiment):
         ),
         Option("data", "str", data_option_help(DATA_SCHEMA)),
         PROTOCOL,
+    )
+    study = Study(
+        "interpolation",
+        "mean_max_jump_yes_share",
+        ("mean_lipschitz", "variation_share"),
+        interpolation_finding,
+        spread=True,
     )
     metrics = Metric.table(
         """

@@ -13,7 +13,7 @@ import pytest
 from contllm.experiments.sums import SumRecord, SumsResult
 from contllm.experiments.sweeps import ExperimentResult, Sweep
 from contllm.experiments.tracking import Track, TrackResult
-from contllm.explorer import explorer_data, page
+from contllm.explorer import PAGE_PARTS, about, explorer_data, page
 from contllm.outputs import WRITERS, save
 
 pytestmark = pytest.mark.unit
@@ -77,9 +77,8 @@ def test_the_expected_count_n_times_c_the_truth_and_what_the_page_shows() -> Non
     record.meta["event"] = 2  # one event of n scaled: the count that would follow time is n - 1 + c
     item = explorer_data([("run", result)])["runs"][0]["items"][0]
     np.testing.assert_allclose(item["proportional"], record.meta["n"] - 1 + record.x)
-    assert explorer_data([("run", ExperimentResult("unregistered", "tiny", {}, result.records))])["about"].startswith(
-        "Pick an item"
-    )
+    assert about("unregistered") == PAGE_PARTS  # an experiment the registry does not know: the page's parts alone
+    assert explorer_data([("run", ExperimentResult("unregistered", "tiny", {}, result.records))]) is None
 
 
 def test_an_interpolation_shows_its_truth_at_the_ends_and_its_second_prompt_at_the_far_end() -> None:
