@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from contllm import metrics
+from contllm.cards.studies import Study, sums_finding
 from contllm.data.paper import SUMS_FIELDS, sums_rows
 from contllm.data.user import DataFileOption, Row, read_items
 from contllm.errors import ExperimentError
@@ -224,7 +225,7 @@ class SumRecord(Record, what="sums record"):
             not self.steps
             or len(self.answers) != size
             or any(len(step) != size for step in self.steps)
-            or not all(a.isdigit() for a in self.answers)
+            or not all(isinstance(a, str) and a.isascii() and a.isdigit() for a in self.answers)
         ):
             raise ExperimentError(f"malformed sums record {self.item_id}: steps and answers must cover every factor")
 
@@ -468,6 +469,8 @@ class SumsExperiment(Experiment[SumRecord, SumsResult]):
     engine = shardable = True
     unit = "problem"
     result_type = SumsResult
+    explorer = True
+    study = Study("sums", "mean_spearman", ("successful_rate", "valid_rate"), sums_finding, optional=True)
     metrics = Metric.table(
         """
         accuracy_at_1               higher  share of problems whose greedy answer at factor 1 is the true sum
@@ -485,6 +488,13 @@ class SumsExperiment(Experiment[SumRecord, SumsResult]):
 
     def run_item(self, lm: Any, config: SumsConfig, item: SumItem, context: RunContext) -> SumRecord:
         return run_item(lm, item, config, context.evaluate)
+
+    def explorer_probs(self, record: dict[str, Any]) -> Any:
+        """The first answer digit's distribution at each factor (zeros where the model gave no answer)."""
+        steps, labels = record.get("steps"), record.get("labels")
+        if not steps or not isinstance(labels, list):
+            return None
+        return [row if row is not None else [0.0] * len(labels) for row in steps[0]]
 
     def tables(self, result: SumsResult) -> dict[str, Table]:
         def per_factor() -> Iterator[dict[str, Any]]:
