@@ -4,7 +4,7 @@ The activation names are TransformerLens's, resolved through the family table
 (:mod:`contllm.hookpoints` lists them with their shapes); hooks are installed and removed
 by :func:`contllm.intervention.hooks`, the one place that does it. Every call runs one
 padded forward of the whole batch (:func:`contllm.pad_signals`, left padding) through
-:meth:`ContinuousLM.forward_batch <contllm.lm.ContinuousLM.forward_batch>` inside the
+:func:`contllm.forward.forward_batch` inside the
 engine's evaluation context, the forward ``lm.logits`` runs; the engine's shared prefix is
 not used here, since the hooks must see every position of every signal. Split very large
 batches yourself.
@@ -31,6 +31,7 @@ import torch
 from contllm.activation_cache import ActivationCache
 from contllm.engine import Positions, check_inputs, check_signals, evaluation, normalize_positions, read_indices
 from contllm.errors import SignalError
+from contllm.forward import forward_batch
 from contllm.hookpoints import Point, hook_names, point, resolve_names
 from contllm.intervention import Hook, HookFn, hooks
 from contllm.signal import Signal, SignalBatch, pad_signals
@@ -68,7 +69,7 @@ def forward_reads(lm: Any, batch: SignalBatch, reads: Sequence[Sequence[int]]) -
     """
     columns = _columns(batch, reads)
     kept = sorted({int(c) for row in columns for c in row})
-    logits, _ = lm.forward_batch(batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
+    logits, _ = forward_batch(lm, batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
     at = {c: i for i, c in enumerate(kept)}
     return [logits[b, [at[int(c)] for c in columns[b]]].float().cpu() for b in range(len(batch))]
 

@@ -28,8 +28,7 @@ import os
 import sys
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Literal, Protocol
@@ -40,7 +39,9 @@ from contllm import precision
 from contllm.chunks import Chunk, cost, plan
 from contllm.errors import SignalError
 from contllm.families import decoder_layers, final_norm, sizes
-from contllm.precision import float32_readout, float32_state
+from contllm.forward import Context as Context  # re-exported: what forward_batch returns with a cache
+from contllm.forward import evaluation as evaluation  # re-exported: every evaluation's context
+from contllm.forward import forward_batch
 from contllm.prefix import SharedPrefix, model_state, slice_signal
 from contllm.signal import Signal, SignalBatch, pad_signals
 
@@ -111,15 +112,6 @@ class EngineStats:
         return sum(c.prefix_len * c.prefix_computed + c.rows * c.width for c in self.chunks)
 
 
-@dataclass
-class Context:
-    """Keys already in a KV cache: their times and durations [batch, keys]."""
-
-    cache: Any
-    times: torch.Tensor
-    durations: torch.Tensor
-
-
 class EvaluatedModel(Protocol):
     """What the engine needs of a :class:`~contllm.lm.ContinuousLM` (typed here so that lm -> engine stays one-way)."""
 
@@ -147,24 +139,6 @@ class EvaluatedModel(Protocol):
         origin: float = ...,
     ) -> tuple[torch.Tensor, Context | None]:
         """One forward of a padded batch."""
-
-
-@contextmanager
-def evaluation(
-    lm: EvaluatedModel, *, float32: bool = True, projections: bool | None = None, grad: bool = False
-) -> Iterator[None]:
-    """The context every evaluation of ``lm`` runs in, the engine's and ``generate``'s alike.
-
-    The model takes continuous inputs, in inference mode (with ``grad``: recording the
-    autograd graph of the inputs, its parameters frozen); a half-precision model reads
-    its outputs through a float32 head and, with ``float32``, keeps its state in float32
-    between half-precision matmuls (:mod:`contllm.precision`), its query and key
-    projections in float32 too unless ``projections`` is False (None:
-    :data:`contllm.precision.FLOAT32_PROJECTIONS`). All is undone on exit.
-    """
-    state = float32_state(lm, float32_projections=projections) if float32 else nullcontext()
-    with lm.patched(grad=grad), float32_readout(lm.model), state:
-        yield
 
 
 class Engine:
@@ -373,15 +347,15 @@ class Engine:
         pad = [int(x) for x in batch.pad_left]
         stats = ChunkStats(n, p, computed, batch.width, tuple(len(s) for s in rests))
         if positions == "last":
-            logits, _ = lm.forward_batch(batch, logits_to_keep=1, prefix=prefix, origin=origin)
+            logits, _ = forward_batch(lm, batch, logits_to_keep=1, prefix=prefix, origin=origin)
             return list(logits[:, -1].float().cpu()), reusable, stats
         if positions == "all":
-            logits, _ = lm.forward_batch(batch, logits_to_keep=0, prefix=prefix, origin=origin)
+            logits, _ = forward_batch(lm, batch, logits_to_keep=0, prefix=prefix, origin=origin)
             return [logits[r, pad[r] :].float().cpu() for r in range(n)], reusable, stats
         # Columns of the padded batch that hold each signal's read positions.
         columns = torch.tensor([[pad[r] + i - p for i in row] for r, row in enumerate(reads)], dtype=torch.long)
         keep = torch.unique(columns)
-        logits, _ = lm.forward_batch(batch, logits_to_keep=keep.to(lm.device), prefix=prefix, origin=origin)
+        logits, _ = forward_batch(lm, batch, logits_to_keep=keep.to(lm.device), prefix=prefix, origin=origin)
         picked = logits.float().cpu()[torch.arange(n)[:, None], torch.searchsorted(keep, columns)]
         return list(picked[:, 0] if isinstance(positions, int) else picked), reusable, stats
 

@@ -38,6 +38,7 @@ from contllm.activations import ActivationCache, activation_names, run_with_cach
 from contllm.decoding import MAX_NEW_TOKENS, Duration, Sampler, check_options, check_time
 from contllm.engine import check_inputs, check_signals, evaluation
 from contllm.errors import SignalError
+from contllm.forward import forward_batch
 from contllm.signal import Signal, pad_signals
 
 __all__ = ["GENERATE_OPTIONS", "MAX_NEW_TOKENS", "Generation", "Step", "check_options", "generate"]
@@ -219,7 +220,7 @@ def generate(
     live = [steps > 0] * rows
     times = [s.end for s in items]
     with evaluation(lm):
-        logits, context = lm.forward_batch(pad_signals(items), logits_to_keep=1, use_cache=True)
+        logits, context = forward_batch(lm, pad_signals(items), logits_to_keep=1, use_cache=True)
         for k in range(steps):
             ids_in, times_in, durations_in = [], [], []
             last = logits[:, -1]
@@ -245,7 +246,7 @@ def generate(
             step = pad_signals(
                 [Signal.from_ids([i], [d], times=[t]) for i, d, t in zip(ids_in, durations_in, times_in)]
             )
-            logits, context = lm.forward_batch(step, logits_to_keep=1, context=context)
+            logits, context = forward_batch(lm, step, logits_to_keep=1, context=context)
     out = []
     for r, s in enumerate(items):
         extended = continued(lm, s, records[r])

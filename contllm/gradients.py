@@ -19,20 +19,20 @@ times.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
 from contllm.activations import differentiable_batch, forward_reads, shaped
-from contllm.engine import Positions, check_inputs, check_signals, evaluation, normalize_positions, read_indices
-from contllm.errors import SignalError, UnsupportedModelError
-from contllm.families import rotary_module
+from contllm.engine import Positions, check_inputs, check_signals, normalize_positions, read_indices
+from contllm.errors import SignalError
+from contllm.forward import differentiable
+from contllm.forward import (
+    rotary_gradients as rotary_gradients,  # re-exported: the one way gradients reach rotary positions
+)
 from contllm.hookpoints import point, resolve_names
-from contllm.hooks import output_hook
 from contllm.intervention import Hook, hooks
 from contllm.signal import Signal, pad_signals
 
@@ -58,45 +58,6 @@ class Gradients:
     durations: list[torch.Tensor] = field(default_factory=list)
     embeds: list[torch.Tensor] = field(default_factory=list)
     activations: dict[str, list[torch.Tensor]] = field(default_factory=dict)
-
-
-@contextmanager
-def rotary_gradients(lm: Any) -> Iterator[None]:
-    """Let gradients reach the position ids through the model's rotary embedding while the context lasts.
-
-    Some transformers releases compute the rotary table under ``torch.no_grad``. Where the
-    table then comes back without a graph while the positions have one, it is recomputed
-    from the module's own inverse frequencies and attention scaling (per layer type where
-    the module keeps one per type) and added as ``table + (recomputed - recomputed.detach())``:
-    the values stay the stock ones bit for bit, the gradient is the recomputation's.
-    UnsupportedModelError when the recomputation does not match the module's output.
-    """
-    module = rotary_module(lm)
-    if module is None:
-        yield
-        return
-
-    def after(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        positions = args[1] if len(args) > 1 else kwargs.get("position_ids")
-        cos, sin = output
-        if cos.requires_grad or not isinstance(positions, torch.Tensor) or not positions.requires_grad:
-            return None
-        kind = args[2] if len(args) > 2 else kwargs.get("layer_type")
-        prefix = f"{kind}_" if kind else ""
-        inv_freq = getattr(module, f"{prefix}inv_freq")
-        scale = float(getattr(module, f"{prefix}attention_scaling", 1.0))
-        freqs = positions[..., None].float() * inv_freq.to(device=positions.device, dtype=torch.float32)
-        angles = torch.cat((freqs, freqs), dim=-1)
-        table = [(angles.cos() * scale).to(cos.dtype), (angles.sin() * scale).to(sin.dtype)]
-        if any(t.shape != o.shape or not torch.allclose(t.detach(), o, atol=1e-4) for t, o in zip(table, output)):
-            raise UnsupportedModelError(
-                f"{type(module).__name__} computes its table without gradients, and not as contllm can recompute it; "
-                "duration gradients need a transformers release whose rotary embedding keeps them"
-            )
-        return tuple(o + (t - t.detach()) for o, t in zip(output, table))
-
-    with output_hook(module, after):
-        yield
 
 
 def wrt_targets(lm: Any, wrt: Any) -> tuple[list[str], list[str]]:
@@ -195,8 +156,7 @@ def gradients(
 
     with (
         hooks(lm, items, [(name, keep) for name in names], graph=names) as state,
-        evaluation(lm, grad=True),
-        rotary_gradients(lm),
+        differentiable(lm),
     ):
         logits = shaped(forward_reads(lm, graph_batch, reads), positions)
         assert isinstance(logits, torch.Tensor)  # not "all" positions

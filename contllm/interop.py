@@ -21,7 +21,9 @@ Caveats, each one a reason a result can differ from ``lm.logits``:
   ``inputs.columns(j)[b]`` (``inputs.batch.pad_left``), never at j itself.
 - The model must use the attention implementation ``lm`` was made for (eager or sdpa);
   a half-precision model runs in its own dtype here, not in the float32 state contllm's
-  engine keeps between its matmuls, so its logits differ by half-precision rounding.
+  engine keeps between its matmuls, so its logits differ by half-precision rounding. The
+  inputs are built by :func:`contllm.forward.model_inputs`, under the dtype rule written in
+  :mod:`contllm.forward` (embeddings and, under sdpa, the mask in the model's dtype).
 - Families with learned positions (GPT-2) need :meth:`ForwardInputs.context` around the
   forward; rotary families need nothing, and the context does nothing for them.
 
@@ -40,9 +42,10 @@ from typing import Any
 
 import torch
 
-from contllm.attention import continuous_positions, model_masks
+from contllm.attention import continuous_positions
 from contllm.engine import check_signals
 from contllm.errors import UnsupportedModelError
+from contllm.forward import input_embeds, model_inputs, stock_forward
 from contllm.signal import Signal, SignalBatch, pad_signals
 
 __all__ = ["ForwardInputs", "forward_kwargs", "trace"]
@@ -95,17 +98,8 @@ def forward_kwargs(lm: Any, signals: Signal | Sequence[Signal]) -> ForwardInputs
     items = check_signals(signals, single_ok=True)
     batch = pad_signals(items)
     with torch.no_grad():
-        embeds = lm._inputs_embeds(batch)
-    # Eager adds the mask in float32; sdpa wants it in the query's dtype.
-    mask_dtype = torch.float32 if lm.attn_implementation == "eager" else lm.dtype
-    mask = model_masks(
-        lm.family, lm.model.config, batch.times, batch.times, batch.durations, dtype=mask_dtype, device=lm.device
-    )
-    kwargs = {
-        "inputs_embeds": embeds,
-        "attention_mask": mask,
-        "position_ids": batch.times.to(device=lm.device, dtype=torch.float32),
-    }
+        embeds = input_embeds(lm, batch)
+    kwargs = model_inputs(lm, embeds, batch.times, batch.times, batch.durations)
     return ForwardInputs(kwargs, batch, lm)
 
 
@@ -166,8 +160,8 @@ def trace(lm: Any, signals: Signal | Sequence[Signal], *, grad: bool = False, **
         _ENVOYS[model] = nnsight.NNsight(model)
 
     def run(**kwargs: Any) -> Any:
-        with inputs.context(), torch.no_grad() if not grad else contextlib.nullcontext():
-            return model(**kwargs)
+        with torch.no_grad() if not grad else contextlib.nullcontext():
+            return stock_forward(lm, **kwargs)  # float positions for the call, as inputs.context() gives them
 
     tracer = _ENVOYS[model].trace(fn=run, tracer_cls=_tracer_class(), **dict(inputs), **options)
     tracer.inputs = inputs

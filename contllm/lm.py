@@ -9,23 +9,21 @@ is never modified outside a call.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
+from contllm import forward
 from contllm.activations import ActivationCache, run_with_cache, run_with_hooks
-from contllm.attention import continuous_positions, model_masks
 from contllm.engine import Context, Engine, Positions, check_signals
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.families import Family, family_of, relative_positions
 from contllm.generation import GENERATE_OPTIONS, Generation, generate
 from contllm.gradients import Gradients, gradients
-from contllm.hooks import cache_keyword, cache_of
 from contllm.interop import ForwardInputs, forward_kwargs, trace
 from contllm.intervention import HookState, hooks
-from contllm.prefix import SharedKeys, shared_attention
+from contllm.prefix import SharedKeys
 from contllm.signal import Signal, SignalBatch
 
 __all__ = ["Context", "ContinuousLM", "Generation", "Positions", "wrap"]
@@ -50,20 +48,6 @@ def _check_model(model: Any) -> None:
         raise UnsupportedModelError(
             "the model's weights are on the meta device (not loaded); load it on 'cpu' or a GPU, without offloading"
         )
-
-
-@contextmanager
-def frozen(model: torch.nn.Module) -> Iterator[None]:
-    """Record gradients (also under an outer ``no_grad``) with every parameter of ``model`` frozen; restored on exit."""
-    thawed = [p for p in model.parameters() if p.requires_grad]
-    try:
-        for p in thawed:
-            p.requires_grad_(False)
-        with torch.enable_grad():
-            yield
-    finally:
-        for p in thawed:
-            p.requires_grad_(True)
 
 
 class ContinuousLM:
@@ -124,15 +108,13 @@ class ContinuousLM:
         name = getattr(self.info, "name", None) or getattr(self.model.config, "_name_or_path", "") or "model"
         return f"ContinuousLM({name!r}, family={self.family.name}, dtype={self.dtype}, device={self.device})"
 
-    @contextmanager
-    def patched(self, *, grad: bool = False) -> Iterator[Any]:
-        """The model, able to take continuous inputs, for as long as the context lasts.
+    def patched(self, *, grad: bool = False) -> AbstractContextManager[Any]:
+        """The model, able to take continuous inputs, for as long as the context lasts: :func:`contllm.forward.patched`.
 
         In inference mode; with ``grad``, recording the autograd graph instead, with every
         parameter frozen (gradients reach the inputs and activations, never the weights).
         """
-        with continuous_positions(self.model, self.family), frozen(self.model) if grad else torch.inference_mode():
-            yield self.model
+        return forward.patched(self, grad=grad)
 
     def signal(self, text: str, *, add_special_tokens: bool = True) -> Signal:
         """Tokenize ``text`` into a signal of unit durations (times 0, 1, 2, ...)."""
@@ -151,25 +133,6 @@ class ContinuousLM:
             return [s.embedded(embedding).embeds for s in items]  # type: ignore[misc]
 
     # ------------------------------------------------------------------ forward
-    def _inputs_embeds(self, batch: SignalBatch) -> torch.Tensor:
-        embedding = self.model.get_input_embeddings()
-        vocab, hidden = embedding.weight.shape[0], embedding.weight.shape[-1]
-        ids = batch.token_ids
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            raise SignalError(
-                f"token ids from {int(ids.min())} to {int(ids.max())} in the batch; the model's vocabulary has "
-                f"{vocab} tokens, so token_ids must lie in [0, {vocab})"
-            )
-        if batch.embeds is not None and batch.embeds.shape[-1] != hidden:
-            raise SignalError(f"embeds are {batch.embeds.shape[-1]} wide, but the model's hidden size is {hidden}")
-        if batch.embeds is not None and bool(batch.has_embeds.all()):
-            return batch.embeds.to(device=self.device, dtype=self.state_dtype)
-        embeds = embedding(batch.token_ids.to(self.device)).to(self.state_dtype)
-        if batch.embeds is not None:
-            given = batch.has_embeds.to(self.device)[:, None, None]
-            embeds = torch.where(given, batch.embeds.to(device=self.device, dtype=embeds.dtype), embeds)
-        return embeds
-
     def forward_batch(
         self,
         batch: SignalBatch,
@@ -182,60 +145,18 @@ class ContinuousLM:
     ) -> tuple[torch.Tensor, Context | None]:
         """One forward of a padded batch; returns logits and (with a cache) the extended context.
 
-        logits_to_keep: 0 for every column, k for the last k, or a 1-D tensor of columns.
-        context: keys already in a cache, one row per batch row (earlier generation steps).
-        prefix: keys of a prefix shared by every row, at batch size 1, attended through
-            :func:`contllm.prefix.shared_prefix_attention` (no cache is kept then).
-        origin: a time subtracted from every position id (not from the times the mask
-            compares), for models that see positions only through their differences
-            (:func:`contllm.families.relative_positions`): float32 positions near zero
-            are finer (ulp 1.5e-5 at 180, 1.9e-6 at 20). A shared prefix's keys must have
-            been computed with the same origin. Anything but 0 on another model is an error.
-        Call inside :meth:`patched`.
+        The forward every evaluation runs, :func:`contllm.forward.forward_batch`, which
+        describes the arguments; this method hands them on. Call inside :meth:`patched`.
         """
-        if prefix is not None and (context is not None or use_cache):
-            raise SignalError("forward_batch takes a shared prefix or a cache, not both")
-        if origin != 0 and not self.relative_positions:
-            raise SignalError(
-                f"forward_batch: origin {origin:g} given, but this {self.family.name} model sees absolute positions; "
-                "only a model with relative positions (lm.relative_positions) may move its time origin"
-            )
-        embeds = self._inputs_embeds(batch)
-        query_times, key_times, key_durations = batch.times, batch.times, batch.durations
-        cache = None
-        extra: dict[str, Any] = {}
-        if prefix is not None:
-            rows = len(batch)
-            key_times = torch.cat([prefix.times.expand(rows, -1), batch.times], dim=1)
-            key_durations = torch.cat([prefix.durations.expand(rows, -1), batch.durations], dim=1)
-            extra["contllm_prefix"] = prefix
-        elif context is not None:
-            key_times = torch.cat([context.times, batch.times], dim=1)
-            key_durations = torch.cat([context.durations, batch.durations], dim=1)
-            cache = context.cache
-        elif use_cache:
-            # A cache built without a config keeps every key: windows are applied in time by the mask.
-            cache = DynamicCache()
-        # sdpa wants the mask in the query's dtype; eager adds it in float32 and loses nothing.
-        mask_dtype = torch.float32 if self.attn_implementation == "eager" else self.state_dtype
-        mask = model_masks(
-            self.family, self.model.config, query_times, key_times, key_durations, dtype=mask_dtype, device=self.device
+        return forward.forward_batch(
+            self,
+            batch,
+            logits_to_keep=logits_to_keep,
+            context=context,
+            use_cache=use_cache,
+            prefix=prefix,
+            origin=origin,
         )
-        with shared_attention(self.model) if prefix is not None else nullcontext():
-            out = self.model(
-                inputs_embeds=embeds,
-                attention_mask=mask,
-                # Subtract in float64 (the signal's times) and round once, to float32.
-                position_ids=(query_times - origin).to(device=self.device, dtype=torch.float32),
-                use_cache=cache is not None,
-                logits_to_keep=logits_to_keep,
-                **{cache_keyword(self.model): cache},
-                **extra,
-            )
-        new_context = None
-        if cache is not None:
-            new_context = Context(cache_of(out), key_times, key_durations)
-        return out.logits, new_context
 
     def logits(
         self,

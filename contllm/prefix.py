@@ -22,8 +22,7 @@ which transformers passes from ``model(...)`` to every attention call; it runs i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,28 +32,15 @@ from transformers import AttentionInterface
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from contllm.attention import attention_modules, switched_attention
+from contllm.attention import attention_modules
 from contllm.errors import UnsupportedModelError
+from contllm.forward import SHARED_PREFIX, forward_batch
+from contllm.forward import SharedKeys as SharedKeys  # re-exported: the keys this module computes and attends
+from contllm.forward import shared_attention as shared_attention  # re-exported
 from contllm.signal import Signal, pad_signals
 
 #: The name under which the shared-prefix attention is registered with transformers.
-IMPLEMENTATION = "contllm_shared_prefix"
-
-
-@dataclass
-class SharedKeys:
-    """The prefix keys and values of every attention module, at batch size 1.
-
-    layers: {attention module: (keys, values)}, each [1, kv_heads, prefix, head_dim].
-    times, durations: float64 [1, prefix] of the prefix tokens.
-    """
-
-    layers: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]]
-    times: torch.Tensor
-    durations: torch.Tensor
-
-    def __len__(self) -> int:
-        return int(self.times.shape[1])
+IMPLEMENTATION = SHARED_PREFIX
 
 
 @dataclass
@@ -62,7 +48,7 @@ class SharedPrefix:
     """A shared prefix run once with batch size 1: its source signal, its length, its keys and their time origin.
 
     origin: the time subtracted from the prefix's position ids (see
-    :meth:`ContinuousLM.forward_batch <contllm.lm.ContinuousLM.forward_batch>`); every row
+    :func:`contllm.forward.forward_batch`); every row
     that attends to these keys must use the same one.
     """
 
@@ -77,7 +63,7 @@ class SharedPrefix:
         head = slice_signal(source, 0, length)
         # No position of the prefix is read: project none of them onto the vocabulary.
         no_columns = torch.empty(0, dtype=torch.long, device=lm.device)
-        _, context = lm.forward_batch(pad_signals([head]), logits_to_keep=no_columns, use_cache=True, origin=origin)
+        _, context = forward_batch(lm, pad_signals([head]), logits_to_keep=no_columns, use_cache=True, origin=origin)
         assert context is not None
         modules = attention_modules(lm.model)
         layers = context.cache.layers
@@ -101,13 +87,6 @@ class SharedPrefix:
     def serves(self, signal: Signal, length: int, lm: Any) -> bool:
         """Whether this prefix is the first ``length`` tokens of ``signal``."""
         return length == self.length and bool(same_tokens([self.source, signal], length, lm).all().item())
-
-
-@contextmanager
-def shared_attention(model: nn.Module) -> Iterator[None]:
-    """Point ``model``'s attention at the shared-prefix attention while the context lasts."""
-    with switched_attention(model, attention_modules(model), IMPLEMENTATION):
-        yield
 
 
 def shared_prefix_attention(

@@ -5,25 +5,28 @@ gradients of the log-durations; the tokens before the first attributed one (and 
 read position) run once without gradients and their keys are reused. Its forwards are
 chunked by memory (:func:`row_bytes` against :func:`path_bytes`): a differentiated row keeps
 every layer's activations for the backward, and every row its own copy of the prefix keys.
-:func:`differentiable_rotary` lets gradients reach float position ids through
-transformers' rotary embeddings where they compute under ``torch.no_grad()`` (earlier 5.x
-releases).
+Each forward is contllm's one forward (:func:`contllm.forward.forward`, with its float64
+rule: a float64 model keeps a float64 mask and read-out here) inside
+:func:`contllm.forward.differentiable`, whose :func:`contllm.forward.rotary_gradients` lets
+gradients reach float position ids where transformers computes the rotary table under
+``torch.no_grad()`` (earlier 5.x releases). :func:`differentiable_rotary`, which calls the
+undecorated forward of a rotary module decorated with ``torch.no_grad()``, is kept for
+callers of its own; contllm's runs no longer use it.
 """
 
 from __future__ import annotations
 
 import types
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from contllm.attention import continuous_positions, model_masks
 from contllm.families import sizes
-from contllm.hooks import cache_keyword
+from contllm.forward import Context, differentiable, embeddings, forward
 from contllm.signal import Signal
 
 #: Rows x tokens after the prefix of one forward of the path on the CPU (8 x that on an
@@ -71,35 +74,6 @@ def differentiable_rotary(model: torch.nn.Module) -> Iterator[int]:
     finally:
         for module in switched:
             vars(module).pop("forward", None)
-
-
-@contextmanager
-def _frozen_parameters(model: torch.nn.Module) -> Iterator[None]:
-    """No parameter requires a gradient while the context lasts (each gets its flag back on exit)."""
-    flagged = [p for p in model.parameters() if p.requires_grad]
-    try:
-        for p in flagged:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p in flagged:
-            p.requires_grad_(True)
-
-
-@contextmanager
-def _gradient_mode(lm: Any) -> Iterator[None]:
-    """Continuous inputs with gradients: positions, rotary, frozen weights, float32 state for half models."""
-    from contllm.precision import float32_readout, float32_state, is_half
-
-    with ExitStack() as stack:
-        stack.enter_context(continuous_positions(lm.model, lm.family))
-        stack.enter_context(differentiable_rotary(lm.model))
-        stack.enter_context(_frozen_parameters(lm.model))
-        if is_half(lm.dtype):
-            stack.enter_context(float32_readout(lm.model))
-            stack.enter_context(float32_state(lm))
-        stack.enter_context(torch.enable_grad())
-        yield
 
 
 def path_bytes(lm: Any) -> int:
@@ -196,9 +170,9 @@ class DurationPath:
             d = self.signal.durations.to(torch.float64)[None, : self.prefix]
             times = self._times(self.signal.durations.to(torch.float64)[None])[:, : self.prefix]
             with torch.no_grad():
-                cache = DynamicCache()  # no config: every key is kept, windows are applied in time by the mask
-                self._run(d, times, cache=cache, keep=torch.empty(0, dtype=torch.long))
-            self._context = (cache, times, d)
+                _, made = self._run(d, times, keep=torch.empty(0, dtype=torch.long), start=True)
+            assert made is not None
+            self._context = (made.cache, times, d)
         return self._context
 
     def _run(
@@ -206,62 +180,48 @@ class DurationPath:
         durations: torch.Tensor,
         times: torch.Tensor,
         *,
-        cache: Any = None,
-        keep: Any = None,
+        keep: torch.Tensor,
         context: tuple[Any, torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """One forward of the tokens [prefix or 0, n) at ``durations``/``times`` [B, width]; logits of ``keep``."""
+        start: bool = False,
+    ) -> tuple[torch.Tensor, Context | None]:
+        """One forward of the tokens [prefix, n) at ``durations``/``times`` [B, width] (with ``start``: of [0, prefix),
+        keeping every key in a new cache); the logits of the columns ``keep`` and the cache's context.
+
+        The forward is :func:`contllm.forward.forward`, with the float64 rule of attribution (``keep_float64``).
+        """
         lm = self.lm
-        model = lm.model
-        lo = 0 if context is None and cache is not None else self.prefix
+        lo = 0 if start else self.prefix
         hi = lo + durations.shape[1]
-        ids = self.signal.token_ids
         rows = durations.shape[0]
-        if self.signal.embeds is not None:
-            embeds = self.signal.embeds[lo:hi].to(device=lm.device, dtype=lm.state_dtype)[None].expand(rows, -1, -1)
-        else:
-            assert ids is not None
-            embeds = (
-                model.get_input_embeddings()(ids[lo:hi].to(lm.device))[None].to(lm.state_dtype).expand(rows, -1, -1)
-            )
-        key_times, key_durations = times, durations
+        ids, given = self.signal.token_ids, self.signal.embeds
+        embeds = embeddings(
+            lm, None if ids is None else ids[lo:hi][None], None if given is None else given[lo:hi][None]
+        ).expand(rows, -1, -1)
+        kept = None
         if context is not None:
             prefix_cache, prefix_times, prefix_durations = context
-            cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in prefix_cache.layers])
+            cache: Any = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in prefix_cache.layers])
             for layer in cache.layers:
                 layer.keys = layer.keys.expand(rows, -1, -1, -1)
                 layer.values = layer.values.expand(rows, -1, -1, -1)
-            key_times = torch.cat([prefix_times.expand(rows, -1), times], dim=1)
-            key_durations = torch.cat([prefix_durations.expand(rows, -1), durations], dim=1)
-        mask_dtype = torch.float32 if lm.attn_implementation == "eager" else lm.state_dtype
-        if lm.state_dtype == torch.float64:
-            mask_dtype = torch.float64
-        mask = model_masks(
-            lm.family, model.config, times, key_times, key_durations.to(lm.device), dtype=mask_dtype, device=lm.device
+            kept = Context(cache, prefix_times.expand(rows, -1), prefix_durations.expand(rows, -1))
+        return forward(
+            lm, embeds, times, durations, logits_to_keep=keep, context=kept, use_cache=start, keep_float64=True
         )
-        out = model(
-            inputs_embeds=embeds,
-            attention_mask=mask,
-            position_ids=times.to(device=lm.device, dtype=torch.float32),
-            use_cache=cache is not None,
-            **{cache_keyword(model): cache},
-            logits_to_keep=keep.to(lm.device) if isinstance(keep, torch.Tensor) else keep,
-        )
-        return out.logits
 
     def _read(self, durations: torch.Tensor) -> torch.Tensor:
         """f [B] at full durations [B, n] (differentiable in them)."""
         times = self._times(durations)
         context = self._prefix_context()
         column = torch.tensor([self.position - self.prefix], dtype=torch.long)
-        logits = self._run(durations[:, self.prefix :], times[:, self.prefix :], keep=column, context=context)
+        logits, _ = self._run(durations[:, self.prefix :], times[:, self.prefix :], keep=column, context=context)
         return self.readout.from_logits(logits[:, 0])
 
     # ------------------------------------------------------------ public
     def values(self, taus: np.ndarray) -> np.ndarray:
         """f at each tau [T] (no gradients: no activation is kept), :attr:`value_rows` taus per forward."""
         out = []
-        with _gradient_mode(self.lm), torch.no_grad():
+        with differentiable(self.lm, keep_float64=True), torch.no_grad():
             for lo in range(0, len(taus), self.value_rows):
                 tau = torch.as_tensor(taus[lo : lo + self.value_rows], dtype=torch.float64)
                 out.append(self._read(self._durations(tau, None)).cpu().numpy())
@@ -277,7 +237,7 @@ class DurationPath:
         """
         d = self.signal.durations.to(torch.float64)[torch.tensor(self.active, dtype=torch.long)]
         out = []
-        with _gradient_mode(self.lm):
+        with differentiable(self.lm, keep_float64=True):
             for lo in range(0, len(taus), self.rows):
                 tau = torch.as_tensor(taus[lo : lo + self.rows], dtype=torch.float64)
                 log_active = (torch.log(tau)[:, None] + torch.log(d)[None]).requires_grad_(True)

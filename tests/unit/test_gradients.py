@@ -226,10 +226,10 @@ def test_a_bfloat16_model_takes_gradients_through_its_float32_state() -> None:
 
 def test_durations_reach_a_rotary_table_computed_without_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
     # Some transformers releases build the rotary table under no_grad: the times' share of a duration's
-    # gradient then goes through contllm's recomputation of the table (contllm.gradients.rotary_gradients).
+    # gradient then goes through contllm's recomputation of the table (contllm.forward.rotary_gradients).
     import contextlib
 
-    from contllm import gradients as module
+    from contllm import forward as module
     from contllm.families import rotary_module
 
     lm = ContinuousLM(tiny_model64("gemma3"))  # one table per layer type
