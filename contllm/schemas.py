@@ -540,11 +540,16 @@ def results_schema(experiment: Any, name: str) -> Obj:
 
     experiment, model, config, the records (a list of objects, under the result type's key)
     and the fields the result type adds; each record's own fields are the result type's
-    to read (:meth:`contllm.experiments.records.Record.from_dict`, by its type hints).
+    to read (:meth:`contllm.experiments.records.Record.from_dict`, by its type hints). An
+    experiment that declares no ``result_type`` (one defined outside the toolkit) reads its
+    own results: any JSON object is taken, and what its ``load_result`` cannot read is one
+    error naming the file.
     """
     from dataclasses import fields, is_dataclass
 
     result_type = getattr(experiment, "result_type", None)
+    if result_type is None:  # an experiment of its own making (a plug-in): its result's layout is its own to read
+        return Obj(f"a {name} result", {}, extra=ANY)
     key = getattr(result_type, "key", "records")
     envelope: dict[str, Schema | Field] = {
         "experiment": Enum((name,)),

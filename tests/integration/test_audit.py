@@ -156,7 +156,7 @@ def test_two_audits_into_one_directory_leave_one_whole_audit(tmp_path: Path) -> 
     """Started together: the second is refused in one line naming the holder, before its model loads and before it
     writes anything; the first's card and audit.json are whole, and it resumes (finding everything finished)."""
     out = tmp_path / "audit"
-    procs = [_start(out, "--budget", "60s") for _ in range(2)]
+    procs = [_start(out, "--budget", "2m") for _ in range(2)]
     started = time.monotonic()
     outcomes = []
     for proc in procs:
