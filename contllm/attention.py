@@ -24,6 +24,7 @@ from torch import nn
 
 from contllm.errors import UnsupportedModelError
 from contllm.families import Family, attention_modules, layer_windows, model_of
+from contllm.hooks import replaced_module
 
 # Re-exported: the attention modules and the model behind a ContinuousLM are read from the
 # family table, and contllm.pde and contllm.precision import them from here.
@@ -145,11 +146,8 @@ def continuous_positions(model: nn.Module, family: Family) -> Iterator[None]:
     if isinstance(original, InterpolatedPositions):  # already inside an outer context
         yield
         return
-    setattr(parent, name, InterpolatedPositions(original))
-    try:
+    with replaced_module(parent, name, InterpolatedPositions(original)):
         yield
-    finally:
-        setattr(parent, name, original)
 
 
 def stock_eager(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:

@@ -7,8 +7,15 @@ the input, :func:`first_output` / :func:`replace_first_output` the output.
 
 :func:`output_hook` and :func:`input_hook` register a forward hook / forward pre-hook
 (both with keyword arguments) on one module inside a ``with`` block and remove it on
-exit, also when the body raises. For several modules, enter one per module on a
+exit, also when the body raises; :func:`replaced_forward`, :func:`replaced_module` and
+:func:`replaced_parameter` patch a module (its forward, a child, a parameter) the same
+way and put back what was there. For several modules, enter one per module on a
 :class:`contextlib.ExitStack`.
+
+These five are the raw-layer API: every module of contllm that changes a model's
+computation during a call (the named hooks of :mod:`contllm.intervention`, gradients,
+the float32 state, continuous positions, depth, pde, attribution) installs through them
+and registers or patches nothing itself (tests/unit/test_one_installer.py checks it).
 """
 
 from __future__ import annotations
@@ -104,6 +111,46 @@ def input_hook(module: torch.nn.Module, fn: InputFn) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+@contextmanager
+def replaced_forward(module: torch.nn.Module, forward: Callable[..., Any]) -> Iterator[None]:
+    """Call ``forward`` instead of ``module``'s forward while the context lasts (an attribute of the instance).
+
+    On exit, also when the body raises, the instance's earlier ``forward`` attribute is
+    back, or there is none and the class's forward runs again.
+    """
+    previous = vars(module).get("forward")
+    module.forward = forward
+    try:
+        yield
+    finally:
+        if previous is None:
+            vars(module).pop("forward", None)
+        else:
+            module.forward = previous
+
+
+@contextmanager
+def replaced_module(parent: torch.nn.Module, name: str, module: torch.nn.Module) -> Iterator[None]:
+    """``parent``'s child ``name`` is ``module`` while the context lasts; the original is back on exit, also on an exception."""
+    original = getattr(parent, name)
+    setattr(parent, name, module)
+    try:
+        yield
+    finally:
+        setattr(parent, name, original)
+
+
+@contextmanager
+def replaced_parameter(module: torch.nn.Module, name: str, parameter: torch.nn.Parameter) -> Iterator[None]:
+    """``module``'s own parameter ``name`` is ``parameter`` while the context lasts; the original object is back on exit."""
+    original = module._parameters[name]
+    module._parameters[name] = parameter
+    try:
+        yield
+    finally:
+        module._parameters[name] = original
 
 
 #: The names a KV cache goes by in transformers' forwards and outputs: ``cache`` in later

@@ -1,4 +1,4 @@
-"""Hook functions under continuous inputs: the one place that installs hooks on a model and removes them.
+"""Hook functions under continuous inputs: the one installer of named hooks on a model, and their removal.
 
 :func:`hooks` is a context manager. While it lasts, every forward of the model calls
 ``fn(activation, hook)`` at each named point (:mod:`contllm.hookpoints`) it was given;
@@ -19,6 +19,10 @@ attention function: while one is hooked, the layers that carry it run
 replacement moves the module's output by the change it makes (so a replacement equal to the
 value changes nothing, exactly), and where a gradient must reach one of them the output
 is rebuilt from it (the same value to float rounding).
+
+Each kind of point (its ``site``) has one installer function, looked up in :data:`SITES`;
+installers register through :mod:`contllm.hooks`, the raw-layer API every other module
+that changes a model's computation uses as well.
 """
 
 from __future__ import annotations
@@ -111,9 +115,11 @@ class _Run:
         graph: set[str],
         batch: SignalBatch,
         signals: tuple[Signal, ...],
+        net: nn.Module,
     ) -> None:
         self.known, self.fwd, self.bwd, self.graph_names = known, fwd, bwd, graph
         self.batch, self.signals = batch, signals
+        self.net, self.family = net, family_of(net)
         self.state = HookState(batch, [n for n in known if n in fwd or n in bwd])
         self._hooks: dict[str, Hook] = {}
 
@@ -210,7 +216,14 @@ def _changed(new: torch.Tensor, old: torch.Tensor) -> bool:
     return new is not old
 
 
-def _layer_in(run: _Run, point: Point, stack: ExitStack) -> None:
+def _only(parts: dict[str, Point]) -> Point:
+    """The point of a site that carries one point per module."""
+    return next(iter(parts.values()))
+
+
+def _layer_in(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
+    point = _only(parts)
+
     def before(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         h = hidden_of(args, kwargs)
         new = run.apply(point, h)
@@ -219,7 +232,9 @@ def _layer_in(run: _Run, point: Point, stack: ExitStack) -> None:
     stack.enter_context(input_hook(point.module, before))
 
 
-def _output(run: _Run, point: Point, stack: ExitStack) -> None:
+def _output(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
+    point = _only(parts)
+
     def after(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
         h = first_output(output)
         new = run.apply(point, h)
@@ -228,8 +243,9 @@ def _output(run: _Run, point: Point, stack: ExitStack) -> None:
     stack.enter_context(output_hook(point.module, after))
 
 
-def _input(run: _Run, point: Point, stack: ExitStack) -> None:
+def _input(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
     """A point that is a module's input, viewed with the point's trailing shape (hook_z, hook_post)."""
+    point = _only(parts)
 
     def before(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         h = hidden_of(args, kwargs)
@@ -240,8 +256,9 @@ def _input(run: _Run, point: Point, stack: ExitStack) -> None:
     stack.enter_context(input_hook(point.module, before))
 
 
-def _resid_mid(run: _Run, point: Point, stack: ExitStack) -> None:
+def _resid_mid(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
     """The norm before the MLP reads the residual stream: a replacement moves its input and, by the difference, the layer's output."""
+    point = _only(parts)
     assert point.owner is not None
     pending: list[torch.Tensor] = []
 
@@ -276,7 +293,8 @@ def _matmul_weight(module: nn.Module) -> torch.Tensor:
     return weight.T if isinstance(module, nn.Linear) else weight
 
 
-def _result(run: _Run, point: Point, stack: ExitStack) -> None:
+def _result(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
+    point = _only(parts)
     heads, hidden = point.shape
 
     def after(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
@@ -301,7 +319,8 @@ def _result(run: _Run, point: Point, stack: ExitStack) -> None:
     stack.enter_context(output_hook(point.module, after))
 
 
-def _norm(run: _Run, parts: dict[str, Point], stack: ExitStack, offset: float, centred: bool) -> None:
+def _norm(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
+    offset, centred = run.family.norm_offset, run.family.norm_kind == "layer"
     module = next(iter(parts.values())).module
     eps = getattr(module, "variance_epsilon", None)
     eps = getattr(module, "eps", None) if eps is None else eps
@@ -337,8 +356,9 @@ def _norm(run: _Run, parts: dict[str, Point], stack: ExitStack, offset: float, c
     stack.enter_context(output_hook(module, after))
 
 
-def _qkv(run: _Run, parts: dict[str, Point], stack: ExitStack, layout: str) -> None:
+def _qkv(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
     """Queries, keys and values at their projection: one module per part, or one fused module holding all three."""
+    layout = run.family.qkv_layout
     module = next(iter(parts.values())).module
     layer = next(iter(parts.values())).layer
     names = [f"blocks.{layer}.attn.hook_{p}" for p in "qkv"]
@@ -390,22 +410,19 @@ def _mlp_in(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
     stack.enter_context(output_hook(module, after))
 
 
-def _embeddings(run: _Run, parts: dict[str, Point], stack: ExitStack, net: nn.Module) -> None:
+def _embeddings(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
     """The input embeddings the base model is called with, and (learned positions) the position rows it reads."""
     base = next(iter(parts.values())).module
-    handles: list[Any] = []
+    # The position module's hook lives for one call of the base model (and goes with the context).
+    call = stack.enter_context(ExitStack())
 
-    def release() -> None:
-        while handles:
-            handles.pop().remove()
-
-    def positions(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    def positions(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:
         return run.apply(parts["pos_embed"], output)
 
     def before(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if "pos_embed" in parts:
             # The position module in place now: contllm swaps in an interpolating view for float times.
-            handles.append(position_module(net).register_forward_hook(positions))
+            call.enter_context(output_hook(position_module(run.net), positions))
         if "embed" not in parts:
             return None
         h = kwargs.get("inputs_embeds")
@@ -417,9 +434,45 @@ def _embeddings(run: _Run, parts: dict[str, Point], stack: ExitStack, net: nn.Mo
         new = run.apply(parts["embed"], h)
         return (args, {**kwargs, "inputs_embeds": new}) if _changed(new, h) else None
 
-    stack.callback(release)
     stack.enter_context(input_hook(base, before))
-    stack.enter_context(output_hook(base, lambda module, args, kwargs, output: release()))
+    stack.enter_context(output_hook(base, lambda module, args, kwargs, output: call.close()))
+
+
+def _attention(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
+    """The points inside the attention function (:mod:`contllm.hooked_attention`), of every layer at once."""
+    modules: dict[nn.Module, dict[str, Point]] = {}
+    for p in parts.values():
+        modules.setdefault(p.module, {})[p.part] = p
+    hooked_attention.install(run.apply, modules, stack, run.net)
+
+
+#: The installer of each site: installer(run, parts, stack) hooks the points ``parts`` ({part or site: point})
+#: of one module, or of every module for the sites that :func:`_group` installs at once.
+SITES: dict[str, Callable[[_Run, dict[str, Point], ExitStack], None]] = {
+    "layer_in": _layer_in,
+    "output": _output,
+    "z": _input,
+    "mlp_post": _input,
+    "resid_mid": _resid_mid,
+    "result": _result,
+    "norm": _norm,
+    "qkv": _qkv,
+    "mlp_in": _mlp_in,
+    "embeddings": _embeddings,
+    "attention": _attention,
+}
+
+#: Sites installed once for all their points, by the installer named here.
+_AT_ONCE = {"embed": "embeddings", "pos_embed": "embeddings", "attention": "attention"}
+#: Those installers run after every module site's, in this order.
+_LATER = {"embeddings": 1, "attention": 2}
+
+
+def _group(point: Point) -> tuple[str, int, str]:
+    """(installer, module, key): points with the same installer and module are installed together, each under its key."""
+    if point.site in _AT_ONCE:
+        return _AT_ONCE[point.site], 0, point.name if point.site == "attention" else point.site
+    return point.site, id(point.module), point.part or point.site
 
 
 # ---------------------------------------------------------------------- the context
@@ -485,42 +538,12 @@ def hooks(
     fwd, bwd = _pairs(lm, fwd_hooks, "fwd_hooks"), _pairs(lm, bwd_hooks, "bwd_hooks")
     known = points(lm)
     batch = pad_signals(list(items))
-    run = _Run(known, fwd, bwd, set(graph), batch, items)
-    family = family_of(model_of(lm))
-    net = model_of(lm)
+    run = _Run(known, fwd, bwd, set(graph), batch, items, model_of(lm))
     groups: dict[tuple[str, int], dict[str, Point]] = {}
     for name in run.state.names:
-        p = known[name]
-        groups.setdefault((p.site, id(p.module)), {})[p.part or p.site] = p
+        site, module, key = _group(known[name])
+        groups.setdefault((site, module), {})[key] = known[name]
     with ExitStack() as stack:
-        attention: dict[nn.Module, dict[str, Point]] = {}
-        for (site, _), parts in groups.items():
-            first = next(iter(parts.values()))
-            if site == "attention":
-                attention[first.module] = parts
-            elif site in ("embed", "pos_embed"):
-                continue
-            elif site == "layer_in":
-                _layer_in(run, first, stack)
-            elif site == "output":
-                _output(run, first, stack)
-            elif site in ("z", "mlp_post"):
-                _input(run, first, stack)
-            elif site == "resid_mid":
-                _resid_mid(run, first, stack)
-            elif site == "result":
-                _result(run, first, stack)
-            elif site == "norm":
-                _norm(run, parts, stack, family.norm_offset, family.norm_kind == "layer")
-            elif site == "qkv":
-                _qkv(run, parts, stack, family.qkv_layout)
-            elif site == "mlp_in":
-                _mlp_in(run, parts, stack)
-        embeddings: dict[str, Point] = {
-            known[n].site: known[n] for n in run.state.names if known[n].site in ("embed", "pos_embed")
-        }
-        if embeddings:
-            _embeddings(run, embeddings, stack, net)
-        if attention:
-            hooked_attention.install(run.apply, attention, stack, net)
+        for (site, _), parts in sorted(groups.items(), key=lambda group: _LATER.get(group[0][0], 0)):
+            SITES[site](run, parts, stack)
         yield run.state

@@ -52,6 +52,7 @@ from transformers.pytorch_utils import Conv1D
 from contllm.attention import attention_modules, stock_eager, switched_attention
 from contllm.errors import UnsupportedModelError
 from contllm.families import family_of
+from contllm.hooks import input_hook, replaced_module, replaced_parameter
 
 #: The name under which the float32 attention is registered with transformers.
 IMPLEMENTATION = "contllm_float32"
@@ -88,7 +89,7 @@ class _InputCast:
         self._source: torch.Tensor | None = None
         self._cast: torch.Tensor | None = None
 
-    def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
         if not args or not isinstance(args[0], torch.Tensor):
             return None
         x = args[0]
@@ -99,7 +100,7 @@ class _InputCast:
         if not (x is self._source and converted is not None and converted.dtype == dtype):
             converted = x.to(dtype)
             self._source, self._cast = x, converted
-        return (converted, *args[1:])
+        return (converted, *args[1:]), kwargs
 
     def clear(self) -> None:
         self._source = self._cast = None
@@ -163,8 +164,7 @@ def _float32_parameters(module: nn.Module, stack: ExitStack) -> None:
     for name, param in list(module._parameters.items()):
         if param is None or not is_half(param.dtype):
             continue
-        module._parameters[name] = nn.Parameter(param.detach().float(), requires_grad=False)
-        stack.callback(module._parameters.__setitem__, name, param)
+        stack.enter_context(replaced_parameter(module, name, nn.Parameter(param.detach().float(), requires_grad=False)))
 
 
 def projection_modules(model: Any) -> list[nn.Module]:
@@ -212,7 +212,7 @@ def float32_state(lm: Any, *, float32_projections: bool | None = None) -> Iterat
             if id(module) in in_float32:
                 _float32_parameters(module, stack)
             elif isinstance(module, MATMUL_MODULES):
-                stack.callback(module.register_forward_pre_hook(cast).remove)
+                stack.enter_context(input_hook(module, cast))
             elif not isinstance(module, nn.Embedding):
                 _float32_parameters(module, stack)
         stack.callback(cast.clear)
@@ -266,8 +266,5 @@ def float32_readout(model: nn.Module) -> Iterator[None]:
         return
     parent_name, _, attr = next(name for name, m in model.named_modules() if m is head).rpartition(".")
     parent = model.get_submodule(parent_name)
-    setattr(parent, attr, _Float32Head(head))
-    try:
+    with replaced_module(parent, attr, _Float32Head(head)):
         yield
-    finally:
-        setattr(parent, attr, head)

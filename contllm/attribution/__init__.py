@@ -18,9 +18,12 @@ or log-probability, a sum over a token set (the digits), or the implied count E[
 The durations reach the model twice: as the log-duration bias of attention and through
 the times (t_i is the start plus every duration up to token i), which rotary models take as
 position ids. Both carry gradients here. Earlier transformers 5.x releases compute the
-rotary embedding under ``torch.no_grad()`` (later ones no longer do); where the forward is so
-decorated, :func:`differentiable_rotary` calls the undecorated one instead, only while an
-attribution runs, and puts the decorated one back afterwards.
+rotary embedding under ``torch.no_grad()`` (later ones no longer do); there the path's
+forwards, which run in contllm's one differentiable context
+(:func:`contllm.forward.differentiable`), take the gradient through
+:func:`contllm.forward.rotary_gradients`, as :func:`contllm.gradients.gradients` does.
+:func:`differentiable_rotary` (the undecorated forward of a rotary module decorated with
+``torch.no_grad()``, while a context lasts) is kept for callers of its own.
 
 Quadrature. Gauss-Legendre panels in s = log tau over [log lower end, 0] for the deletion
 baseline (``floor`` = 0) or over [log ``floor``, 0] for a floor baseline: laid out from f

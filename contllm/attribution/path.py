@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from transformers.cache_utils import DynamicCache
 
 from contllm.families import sizes
 from contllm.forward import Context, differentiable, embeddings, forward
+from contllm.hooks import replaced_forward
 from contllm.signal import Signal
 
 #: Rows x tokens after the prefix of one forward of the path on the CPU (8 x that on an
@@ -61,19 +62,16 @@ def differentiable_rotary(model: torch.nn.Module) -> Iterator[int]:
     context lasts; on exit (also on an exception) the attribute is removed, so the class's
     decorated forward is used again. Yields how many modules were switched.
     """
-    switched: list[torch.nn.Module] = []
-    try:
+    with ExitStack() as stack:
+        switched = 0
         for module in model.modules():
             if not type(module).__name__.endswith("RotaryEmbedding") or "forward" in vars(module):
                 continue
             inner = _no_grad_wrapped(type(module).forward)
             if inner is not None:
-                module.forward = types.MethodType(inner, module)
-                switched.append(module)
-        yield len(switched)
-    finally:
-        for module in switched:
-            vars(module).pop("forward", None)
+                stack.enter_context(replaced_forward(module, types.MethodType(inner, module)))
+                switched += 1
+        yield switched
 
 
 def path_bytes(lm: Any) -> int:

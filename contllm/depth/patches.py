@@ -23,7 +23,15 @@ import torch
 
 from contllm.depth.stack import LayerCall, LayerStack, Trace, check_no_cache
 from contllm.errors import ExperimentError
-from contllm.hooks import first_output, hidden_of, input_hook, output_hook, replace_first_output, with_hidden
+from contllm.hooks import (
+    first_output,
+    hidden_of,
+    input_hook,
+    output_hook,
+    replace_first_output,
+    replaced_forward,
+    with_hidden,
+)
 
 ALPHA_RANGE = (0.0, 2.0)
 
@@ -161,7 +169,6 @@ def replayed(stack: LayerStack, trace: Trace, upto: int) -> Iterator[None]:
     """
     if not 0 <= upto <= stack.n_layers or len(trace.outputs) != stack.n_layers:
         raise ExperimentError(f"cannot replay {upto} of {stack.n_layers} layers from this trace")
-    patched: list[tuple[torch.nn.Module, Any]] = []
 
     def copy(output: Any, rows: int) -> Any:
         # A fresh tensor per call, repeated over the batch rows of the forward.
@@ -177,15 +184,7 @@ def replayed(stack: LayerStack, trace: Trace, upto: int) -> Iterator[None]:
 
         return forward
 
-    try:
+    with ExitStack() as patches:
         for index in range(upto):
-            layer = stack.layers[index]
-            patched.append((layer, vars(layer).get("forward")))
-            layer.forward = replay(trace.outputs[index])
+            patches.enter_context(replaced_forward(stack.layers[index], replay(trace.outputs[index])))
         yield
-    finally:
-        for layer, previous in reversed(patched):
-            if previous is None:
-                del layer.forward
-            else:
-                layer.forward = previous
