@@ -57,6 +57,7 @@ results are per query head (query head h reads key/value head h // (heads / kv_h
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -199,8 +200,31 @@ def _block(family: Family, net: nn.Module, i: int, layer: nn.Module, attention: 
     return found
 
 
+#: The points of each model's decoder layers and final norm, with the signature they were built
+#: for (:func:`_signature`): :func:`points` reuses them while the signature holds. The embedding
+#: points are built on every call: their owner is the model itself, which a kept reference
+#: would keep alive.
+_TABLES: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[Any, ...], list[Point]]] = weakref.WeakKeyDictionary()
+
+
+def _signature(net: nn.Module) -> tuple[Any, ...]:
+    """What the points of ``net`` are read from: every module below it (the objects, in order), its family,
+    its head counts and whether its blocks are parallel; cheap to compare (modules by identity)."""
+    return (
+        tuple(m for m in net.modules() if m is not net),
+        family_of(net),
+        head_counts(net.config),
+        parallel_blocks(net),
+    )
+
+
 def points(lm: Any) -> dict[str, Point]:
-    """Every activation point of ``lm`` (a ContinuousLM or a transformers model) by name, in forward order."""
+    """Every activation point of ``lm`` (a ContinuousLM or a transformers model) by name, in forward order.
+
+    The points of the decoder layers and the final norm are built once per model and reused
+    until a module of the model is replaced or added, or the config's family, head counts or
+    block layout change.
+    """
     net: Any = model_of(lm)
     family = family_of(net)
     embedding = net.get_input_embeddings()
@@ -211,10 +235,15 @@ def points(lm: Any) -> dict[str, Point]:
     found = [Point("hook_embed", None, "embed", base, (hidden,), owner=net)]
     if family.position_table is not None:
         found.append(Point("hook_pos_embed", None, "pos_embed", base, (hidden,), owner=net))
-    for i, (layer, attention) in enumerate(zip(decoder_layers(net), attention_modules(net))):
-        found += _block(family, net, i, layer, attention)
-    found += _norm_points("ln_final", None, final_norm(net), hidden, out=True)
-    return {p.name: p for p in found}
+    signature = _signature(net)
+    kept = _TABLES.get(net)
+    if kept is None or kept[0] != signature:
+        layers: list[Point] = []
+        for i, (layer, attention) in enumerate(zip(decoder_layers(net), attention_modules(net))):
+            layers += _block(family, net, i, layer, attention)
+        layers += _norm_points("ln_final", None, final_norm(net), hidden, out=True)
+        kept = _TABLES[net] = (signature, layers)
+    return {p.name: p for p in (*found, *kept[1])}
 
 
 def hook_names(lm: Any) -> list[str]:
