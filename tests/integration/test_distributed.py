@@ -121,7 +121,7 @@ def test_two_processes_give_the_single_process_results(tmp_path: Path, reference
     assert "processes" not in json.loads((reference / "manifest.json").read_text())
 
 
-def worker(launcher: subprocess.Popen, rank: int) -> "psutil.Process":  # noqa: F821
+def worker(launcher: subprocess.Popen, rank: int) -> psutil.Process:  # noqa: F821
     """The process of ``rank`` among the launcher's children (read from its environment)."""
     import psutil
 

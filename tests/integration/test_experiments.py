@@ -8,8 +8,7 @@ import torch
 
 from contllm import ContinuousLM
 from contllm.data import load_boolean, load_counting, load_events
-from contllm.experiments import BooleanConfig, CountingConfig, EventsConfig, run_experiment
-from contllm.experiments import boolean, counting, events
+from contllm.experiments import BooleanConfig, CountingConfig, EventsConfig, boolean, counting, events, run_experiment
 from contllm.experiments.sweeps import run_plan
 from contllm.readout import digits, truth_values
 

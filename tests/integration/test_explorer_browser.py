@@ -179,7 +179,6 @@ def test_hostile_strings_in_every_field_are_text_in_the_browser(browser: object,
     """A run page and a report page whose ids, prompt, labels and model names try to break out of the page."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
-
     from typer.testing import CliRunner
 
     from contllm.cli import app

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from contllm import ContinuousLM
 from contllm.cli import app
-from contllm.runner import run
 from contllm.report import REPORT_FILES
+from contllm.runner import run
 
 pytestmark = pytest.mark.integration
 

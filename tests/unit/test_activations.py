@@ -76,7 +76,7 @@ def test_unit_durations_equal_stock_hidden_states_and_attentions(family: str, im
         assert max_diff(got, eager.attentions[i][0]) <= 1e-5
     assert torch.equal(cache.times[0], torch.arange(N, dtype=torch.float64))
     # The model is as it was: no hook left, its own attention back.
-    assert getattr(lm.model.config, "_attn_implementation") == impl
+    assert lm.model.config._attn_implementation == impl
     assert hooks(lm.model) == before
 
 

@@ -43,9 +43,9 @@ from contllm.depth import (
 from contllm.depth.experiment import EXPERIMENT
 from contllm.depth.figures import depth_finding
 from contllm.errors import ExperimentError, RunDirectoryError
-from contllm.runner import context_for
 from contllm.families import decoder_layers, final_norm
 from contllm.files import csv_text
+from contllm.runner import context_for
 from tests.unit.readable import check_readable
 from tests.unit.tiny import FAMILY_NAMES, backends, prompt, tiny_model
 
@@ -484,7 +484,7 @@ def test_runner_writes_a_depth_run_directory(tmp_path: Path, monkeypatch: pytest
     assert set(summary["metrics"]) == {m.name for m in EXPERIMENT.metrics}
     assert all(np.isfinite(summary[m.name]) for m in EXPERIMENT.metrics)
     assert (out / "results.csv").read_text().splitlines()[0] == "prompt,probe,quantity,target,layer,x,value,experiment,model"
-    with pytest.raises(RunDirectoryError, match="already holds files"):
+    with pytest.raises(RunDirectoryError, match="already holds a run; use --resume"):
         run_tiny(out, monkeypatch)
 
 

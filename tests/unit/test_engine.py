@@ -44,7 +44,7 @@ def one_by_one(lm: ContinuousLM, signals: list[Signal]) -> torch.Tensor:
     return torch.stack([lm.logits(s) for s in signals])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sweep_alone(family: str, impl: str) -> torch.Tensor:
     return one_by_one(lm_for(family, impl), sweep())
 

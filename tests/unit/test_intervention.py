@@ -9,8 +9,8 @@ from contllm import ContinuousLM, Signal
 from contllm.activations import Patch, patch, run_with_cache
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.families import attention_outputs, decoder_layers, final_norm
-from contllm.hooked_attention import IMPLEMENTATION
 from contllm.hooked_attention import _SITES as SITES
+from contllm.hooked_attention import IMPLEMENTATION
 from contllm.hookpoints import hook_names
 from tests.unit.tiny import FAMILY_NAMES, backends, prompt, random_durations, tiny_model, tiny_model64
 

@@ -17,8 +17,8 @@ import transformers as tf
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from contllm import models as M
-from contllm.models import cache, catalog, chunked, conversion
 from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
+from contllm.models import cache, catalog, chunked, conversion
 
 pytestmark = pytest.mark.unit
 

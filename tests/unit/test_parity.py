@@ -6,7 +6,17 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, Signal, pad_signals
-from tests.unit.tiny import FAMILY_NAMES, ROTARY, WINDOW, WINDOWED, backends, prompt, random_durations, tiny_model, tiny_model64
+from tests.unit.tiny import (
+    FAMILY_NAMES,
+    ROTARY,
+    WINDOW,
+    WINDOWED,
+    backends,
+    prompt,
+    random_durations,
+    tiny_model,
+    tiny_model64,
+)
 
 pytestmark = [pytest.mark.unit, pytest.mark.numerics]
 

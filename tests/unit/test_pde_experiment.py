@@ -13,13 +13,13 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
-from contllm.runner import context_for
 from contllm.files import csv_text
 from contllm.outputs import result_tables
 from contllm.pde import EXPERIMENT, PDEConfig, PDEResult, run_pde
 from contllm.pde.experiment import select_prompts, shipped_prompts, shipped_text, step_id
 from contllm.pde.figures import FIGURES
 from contllm.pde.result import CSV_COLUMNS, PROFILE_COLUMNS
+from contllm.runner import context_for
 from tests.unit.tiny import VOCAB, tiny_model
 
 pytestmark = pytest.mark.unit

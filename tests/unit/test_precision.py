@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.numerics]
 FAMILIES = [(f, impl) for f in FAMILY_NAMES for impl in backends(f)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def half_lm(family: str, impl: str, dtype: torch.dtype = torch.bfloat16) -> ContinuousLM:
     return ContinuousLM(copy.deepcopy(tiny_model(family, impl)).to(dtype))
 

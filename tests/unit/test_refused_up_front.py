@@ -141,8 +141,8 @@ def test_a_model_cache_where_nothing_can_be_made_is_refused_before_the_model_loa
 
 
 def test_a_usable_cache_passes_the_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from contllm.errors import ModelLoadError
     from contllm.cli_index import check_cache
+    from contllm.errors import ModelLoadError
 
     monkeypatch.setenv("CONTLLM_CACHE", str(tmp_path / "new" / "cache"))
     check_cache("smollm2-135m")  # a cache that does not exist yet can be made

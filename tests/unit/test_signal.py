@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-from transformers import PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
 from contllm import Signal, SignalError, pad_signals
 

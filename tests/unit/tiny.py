@@ -96,14 +96,14 @@ def backends(family: str) -> list[str]:
     return list(next(f for f in FAMILIES if f.name == family).backends)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _state(family: str) -> dict[str, torch.Tensor]:
     torch.manual_seed(1234)
     model = tf.AutoModelForCausalLM.from_config(_config(family), attn_implementation="eager")
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_model(family: str, impl: str = "eager") -> torch.nn.Module:
     """A seeded random model of ``family`` (fp32, eval); eager and sdpa share weights."""
     model = tf.AutoModelForCausalLM.from_config(_config(family), attn_implementation=impl)
@@ -111,7 +111,7 @@ def tiny_model(family: str, impl: str = "eager") -> torch.nn.Module:
     return model.eval()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_model64(family: str, impl: str = "eager") -> torch.nn.Module:
     """The same model in float64, for identities whose float32 check would measure one CPU's summation order.
 
