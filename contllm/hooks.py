@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from contllm.errors import UnsupportedModelError
 
@@ -86,17 +87,23 @@ def replace_first_output(output: Any, h: torch.Tensor) -> Any:
 
 
 @contextmanager
+def _held(handle: RemovableHandle) -> Iterator[None]:
+    """Keep a registered hook while the context lasts; remove it on exit, also when the body raises."""
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
 def output_hook(module: torch.nn.Module, fn: OutputFn) -> Iterator[None]:
     """Call ``fn(module, args, kwargs, output)`` after every forward of ``module`` while the context lasts.
 
     A non-None return value replaces the module's output (see :func:`replace_first_output`).
     The hook is removed on exit, also when the body raises.
     """
-    handle = module.register_forward_hook(fn, with_kwargs=True)
-    try:
+    with _held(module.register_forward_hook(fn, with_kwargs=True)):
         yield
-    finally:
-        handle.remove()
 
 
 @contextmanager
@@ -106,11 +113,8 @@ def input_hook(module: torch.nn.Module, fn: InputFn) -> Iterator[None]:
     A non-None return value must be a pair (args, kwargs) that the module is called with
     instead (see :func:`with_hidden`). The hook is removed on exit, also when the body raises.
     """
-    handle = module.register_forward_pre_hook(fn, with_kwargs=True)
-    try:
+    with _held(module.register_forward_pre_hook(fn, with_kwargs=True)):
         yield
-    finally:
-        handle.remove()
 
 
 @contextmanager
