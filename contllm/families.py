@@ -272,6 +272,12 @@ def model_of(model: Any) -> nn.Module:
     raise UnsupportedModelError(f"expected a ContinuousLM or a transformers model, got {type(model).__name__}")
 
 
+def model_and_family(model: Any) -> tuple[nn.Module, Family]:
+    """The transformers model (:func:`model_of`) and its family's table entry (:func:`family_of`)."""
+    net = model_of(model)
+    return net, family_of(net)
+
+
 def submodule(model: nn.Module, path: str, what: str, family: Family) -> nn.Module:
     """The module at ``path`` from the causal LM, or from its base model when given that instead."""
     _, _, inner_path = path.partition(".")
@@ -291,8 +297,7 @@ def submodule(model: nn.Module, path: str, what: str, family: Family) -> nn.Modu
 
 def decoder_layers(model: Any) -> nn.ModuleList:
     """The decoder layers of a causal LM (or a ContinuousLM), in order, as the family table places them."""
-    net = model_of(model)
-    family = family_of(net)
+    net, family = model_and_family(model)
     layers = submodule(net, family.layers, "decoder layers", family)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
         raise UnsupportedModelError(
@@ -304,8 +309,7 @@ def decoder_layers(model: Any) -> nn.ModuleList:
 
 def final_norm(model: Any) -> nn.Module:
     """The norm between the last decoder layer and the vocabulary head of a causal LM (or a ContinuousLM)."""
-    net = model_of(model)
-    family = family_of(net)
+    net, family = model_and_family(model)
     return submodule(net, family.norm, "final norm", family)
 
 
@@ -322,8 +326,7 @@ def child(module: nn.Module, name: str, what: str, where: str) -> nn.Module:
 
 def _layer_parts(model: Any, attribute: str, what: str) -> list[nn.Module]:
     """The submodule named by the family table's ``attribute`` in each decoder layer, in layer order."""
-    net = model_of(model)
-    family = family_of(net)
+    net, family = model_and_family(model)
     name = getattr(family, attribute)
     return [
         child(layer, name, f"{what} module", f"{family.name}: decoder layer {index}")
@@ -354,8 +357,7 @@ def attention_outputs(model: Any) -> list[nn.Module]:
 
 def parallel_blocks(model: Any) -> bool:
     """Whether the decoder layers of ``model`` feed attention and MLP the same residual stream (the family's ``parallel``)."""
-    net = model_of(model)
-    family = family_of(net)
+    net, family = model_and_family(model)
     if isinstance(family.parallel, str):
         return bool(getattr(net.config, family.parallel, False))
     return family.parallel
@@ -363,8 +365,7 @@ def parallel_blocks(model: Any) -> bool:
 
 def rotary_module(model: Any) -> nn.Module | None:
     """The rotary embedding module of a causal LM (the family's ``rotary``), or None for a family without one."""
-    net = model_of(model)
-    family = family_of(net)
+    net, family = model_and_family(model)
     return None if family.rotary is None else submodule(net, family.rotary, "rotary embedding", family)
 
 

@@ -74,6 +74,7 @@ from contllm.families import (
     family_of,
     final_norm,
     head_counts,
+    model_and_family,
     model_of,
     parallel_blocks,
     submodule,
@@ -342,8 +343,7 @@ def _bad_target(target: Any, what: str) -> SignalError:
 
 def position_module(lm: Any) -> nn.Module:
     """The module at the family's position table path as the model holds it now (swapped while positions are continuous)."""
-    net = model_of(lm)
-    family = family_of(net)
+    net, family = model_and_family(lm)
     if family.position_table is None:
         raise UnsupportedModelError(f"{family.name} has no learned position table")
     return submodule(net, family.position_table, "position table", family)
