@@ -115,6 +115,20 @@ def markdown_docstring(text: str) -> str:
 
 
 class MarkdownDocstrings(Extension):
-    def on_object(self, *, obj: Object, **kwargs: Any) -> None:
-        if obj.docstring is not None:
+    """Every docstring as Markdown, once: each object as it is loaded, and the package itself (griffe reports the
+    top-level package through ``on_package`` only, so its module docstring would keep its roles)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._done: set[int] = set()
+
+    def _convert(self, obj: Object) -> None:
+        if obj.docstring is not None and id(obj.docstring) not in self._done:
             obj.docstring.value = markdown_docstring(obj.docstring.value)
+            self._done.add(id(obj.docstring))
+
+    def on_object(self, *, obj: Object, **kwargs: Any) -> None:
+        self._convert(obj)
+
+    def on_package(self, *, pkg: Object, **kwargs: Any) -> None:
+        self._convert(pkg)
