@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 from contllm import logs
-from contllm.cards import reference
-from contllm.cards.auditing import audit
-from contllm.files import atomic_write_text
+from contllm.audits import reference
+from contllm.audits.run import audit
 from contllm.hardware import cpu_capability
+from contllm.rundir.files import atomic_write_text
 
 #: Items per experiment (linearity: paths per source); more than a 3-minute budget gives on
 #: a 2-core CPU, so that the reference intervals are narrower than a quick audit's.

@@ -41,16 +41,16 @@ import torch
 from sweep import add_bf16_flags, bf16_sections, engine_flops, matmul_rate
 
 import contllm
-from contllm import chunks as chunk_plans
-from contllm import engine as engine_module
-from contllm import readout
-from contllm.engine import Engine
+from contllm.core import chunks as chunk_plans
+from contllm.core import engine as engine_module
+from contllm.core import readout
+from contllm.core.engine import Engine
+from contllm.core.prefix import shared_prefix_len
 from contllm.experiments import counting
 from contllm.experiments.counting import CountingConfig
 from contllm.experiments.sweeps import run_plans
 from contllm.hardware import describe, half_matmul_speedup
 from contllm.models import DEFAULT_MODEL, REGISTRY
-from contllm.prefix import shared_prefix_len
 
 SECTIONS = ("conversion", "prefix", "item-prefix", "keep", "budget", "readout", "bf16")
 

@@ -3,7 +3,7 @@
 Usage:
     OMP_WAIT_POLICY=PASSIVE python benchmarks/main_job.py [--model NAME] [--cold] [--record FILE]
 
-It runs ``contllm run counting`` in this process, through :func:`contllm.runner.run`
+It runs ``contllm run counting`` in this process, through :func:`contllm.rundir.runner.run`
 with the command line's defaults (every item, the experiment's default options, the
 model loaded by the runner, a fresh run directory), and prints
 
@@ -51,10 +51,10 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from sweep import engine_flops, matmul_rate  # noqa: E402
 
-from contllm.engine import Engine, EngineStats  # noqa: E402
+from contllm.core.engine import Engine, EngineStats  # noqa: E402
 from contllm.hardware import cpu_capability, describe  # noqa: E402
 from contllm.models import DEFAULT_MODEL  # noqa: E402
-from contllm.runner import run  # noqa: E402
+from contllm.rundir.runner import run  # noqa: E402
 
 IMPORTS = time.perf_counter() - started
 #: What the issue asks of the main job: end to end at most this multiple of its evaluation (model cached) ...

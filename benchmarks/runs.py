@@ -25,7 +25,7 @@ padding excluded; the FLOP floor of the ratio is their quotient), the FLOP effic
 the batched path (useful FLOPs / time / dense float32 matmul rate, as in sweep.py),
 agreement (max |dp| over every label probability of every record) and whether the
 summary numbers are the same to 1e-4. With ``--end-to-end`` it also times the whole run
-through :func:`contllm.runner.run` (run directory, records, results, summary and every
+through :func:`contllm.rundir.runner.run` (run directory, records, results, summary and every
 figure), per item against batched. Peak memory is the process's peak resident set
 size during the batched float32 loop, model included.
 """
@@ -46,7 +46,7 @@ import torch
 from sweep import _peak_rss_mb, _reset_peak_rss, add_bf16_flags, bf16_sections, engine_flops, matmul_rate
 
 import contllm
-from contllm.engine import Engine, EngineStats
+from contllm.core.engine import Engine, EngineStats
 from contllm.experiments import run_experiment, summarize
 from contllm.hardware import describe
 from contllm.registry import get as get_experiment
@@ -108,7 +108,7 @@ def item_loop(lm: Any, name: str, *, per_item: bool = False, float32_state: bool
 
 def end_to_end(lm: Any, name: str, *, per_item: bool) -> float:
     """Seconds of the whole run through the runner (directory, records, outputs, figures)."""
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     with tempfile.TemporaryDirectory() as root, groups_of_one(per_item):
         start = time.perf_counter()

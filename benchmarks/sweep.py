@@ -1,4 +1,4 @@
-"""Sweep benchmark: the per-sample loop against :class:`contllm.engine.Engine`, in one run.
+"""Sweep benchmark: the per-sample loop against :class:`contllm.core.engine.Engine`, in one run.
 
 Usage:
     OMP_WAIT_POLICY=PASSIVE python benchmarks/sweep.py --model smollm2-135m --samples 100 --repeats 3
@@ -68,8 +68,9 @@ from typing import Any
 
 import torch
 
-from contllm import ContinuousLM, Signal, pad_signals, precision
-from contllm.engine import Engine, EngineStats
+from contllm import ContinuousLM, Signal, pad_signals
+from contllm.core import precision
+from contllm.core.engine import Engine, EngineStats
 from contllm.hardware import HALF_WORTH_IT, cpu_capability, cpu_name, describe, half_precision_pays
 
 COUNTING_PROMPT = '"cat cat" contains 2 words.\n"dog dog dog" contains 3 words.\n"apple apple apple apple" contains '
@@ -349,11 +350,11 @@ def compare_dtypes(fp32: ContinuousLM, bf16: ContinuousLM, works: Sequence[Workl
     """The engine in bfloat16 against the engine in float32 on the same signals, timed interleaved.
 
     "bf16" is the engine's default for a bfloat16 model: bf16 matmuls around a float32
-    state (``contllm.precision.float32_state``). For scale, the same engine with the model
+    state (``contllm.core.precision.float32_state``). For scale, the same engine with the model
     wholly in bf16 (``float32_state=False``) and the bf16 model run the plain way
     (``lm.probs``, one signal at a time, logits in bf16) are given too, and the engine's
     error ratio and time without its float32 query/key projections
-    (``contllm.precision.FLOAT32_PROJECTIONS`` off: every matmul in bf16).
+    (``contllm.core.precision.FLOAT32_PROJECTIONS`` off: every matmul in bf16).
     """
     lines = []
     engines = {"fp32": Engine(fp32), "bf16": Engine(bf16), "bf16 whole": Engine(bf16, float32_state=False)}

@@ -9,7 +9,7 @@ second differences on a step of 1e-3 are about 1e-6 times the curvature; what th
 beyond that is rounding. The prompt is placed so its first token sits at each of
 ``--starts``; the engine evaluates the sweep with ``move_origin=False`` (position ids
 equal to the times) and with the default (the origin moved next to the read positions,
-see ``contllm.engine.time_origin``), side by side in one process, and prints the largest
+see ``contllm.core.engine.time_origin``), side by side in one process, and prints the largest
 and the mean |second difference| of the logits of each, and their ratio.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 import contllm
-from contllm.engine import Engine
+from contllm.core.engine import Engine
 
 PROMPT = (
     '"cat cat" contains 2 words. "dog dog dog" contains 3 words. "sun" contains 1 word. '

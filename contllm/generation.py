@@ -34,12 +34,12 @@ from typing import Any
 
 import torch
 
-from contllm.activations import ActivationCache, activation_names, run_with_cache
-from contllm.decoding import MAX_NEW_TOKENS, Duration, Sampler, check_options, check_time
-from contllm.engine import check_inputs, check_signals, evaluation
+from contllm.core.decoding import MAX_NEW_TOKENS, Duration, Sampler, check_options, check_time
+from contllm.core.engine import check_inputs, check_signals, evaluation
+from contllm.core.forward import forward_batch
+from contllm.core.signal import Signal, pad_signals
 from contllm.errors import SignalError
-from contllm.forward import forward_batch
-from contllm.signal import Signal, pad_signals
+from contllm.internals.activations import ActivationCache, activation_names, run_with_cache
 
 __all__ = ["GENERATE_OPTIONS", "MAX_NEW_TOKENS", "Generation", "Step", "check_options", "generate"]
 
@@ -143,7 +143,7 @@ def _check_names(lm: Any, names: Any) -> None:
     if not isinstance(items, (list, tuple)) or not items or any(n not in known for n in items):
         raise SignalError(
             f"activations must be activation names or a list of them, got {names!r}; "
-            f"this model's names run from {known[0]} to {known[-1]} (contllm.activations.activation_names)"
+            f"this model's names run from {known[0]} to {known[-1]} (contllm.internals.activations.activation_names)"
         )
 
 
@@ -176,7 +176,7 @@ def generate(
         the model's EOS token.
     probs: None, k (each step's k most likely tokens) or "full" (each step's whole
         distribution), on :class:`Step`.
-    activations: activation names of :mod:`contllm.activations`, read at each step's
+    activations: activation names of :mod:`contllm.internals.activations`, read at each step's
         position in one extra forward of the continued signal.
     Raises SignalError for a bad argument (before the model runs) or a prompt ``lm.logits`` would refuse.
     """

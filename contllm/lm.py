@@ -14,17 +14,17 @@ from typing import Any
 
 import torch
 
-from contllm import forward
-from contllm.activations import ActivationCache, run_with_cache, run_with_hooks
-from contllm.engine import Context, Engine, Positions, check_signals
+from contllm.core import forward
+from contllm.core.engine import Context, Engine, Positions, check_signals
+from contllm.core.families import Family, family_of, relative_positions
+from contllm.core.prefix import SharedKeys
+from contllm.core.signal import Signal, SignalBatch
 from contllm.errors import SignalError, UnsupportedModelError
-from contllm.families import Family, family_of, relative_positions
 from contllm.generation import GENERATE_OPTIONS, Generation, generate
-from contllm.gradients import Gradients, gradients
-from contllm.interop import ForwardInputs, forward_kwargs, trace
-from contllm.intervention import HookState, hooks
-from contllm.prefix import SharedKeys
-from contllm.signal import Signal, SignalBatch
+from contllm.internals.activations import ActivationCache, run_with_cache, run_with_hooks
+from contllm.internals.gradients import Gradients, gradients
+from contllm.internals.interop import ForwardInputs, forward_kwargs, trace
+from contllm.internals.intervention import HookState, hooks
 
 __all__ = ["Context", "ContinuousLM", "Generation", "Positions", "wrap"]
 
@@ -78,7 +78,7 @@ class ContinuousLM:
         self._state_dtype: torch.dtype | None = None
         #: Whether the model sees positions only through their differences (a rotary family
         #: with fixed frequencies): the engine then evaluates with the time origin moved
-        #: near the read positions (:func:`contllm.families.relative_positions`).
+        #: near the read positions (:func:`contllm.core.families.relative_positions`).
         self.relative_positions: bool = relative_positions(self.family, model.config)
 
     # ------------------------------------------------------------------ basics
@@ -93,7 +93,7 @@ class ContinuousLM:
     @property
     def state_dtype(self) -> torch.dtype:
         """The dtype of the hidden state between matmuls: the model's own, or float32 inside
-        :func:`contllm.precision.float32_state` (input embeddings and masks are built in it)."""
+        :func:`contllm.core.precision.float32_state` (input embeddings and masks are built in it)."""
         return self._state_dtype or self.dtype
 
     @contextmanager
@@ -109,7 +109,7 @@ class ContinuousLM:
         return f"ContinuousLM({name!r}, family={self.family.name}, dtype={self.dtype}, device={self.device})"
 
     def patched(self, *, grad: bool = False) -> AbstractContextManager[Any]:
-        """The model, able to take continuous inputs, for as long as the context lasts: :func:`contllm.forward.patched`.
+        """The model, able to take continuous inputs, for as long as the context lasts: :func:`contllm.core.forward.patched`.
 
         In inference mode; with ``grad``, recording the autograd graph instead, with every
         parameter frozen (gradients reach the inputs and activations, never the weights).
@@ -145,7 +145,7 @@ class ContinuousLM:
     ) -> tuple[torch.Tensor, Context | None]:
         """One forward of a padded batch; returns logits and (with a cache) the extended context.
 
-        The forward every evaluation runs, :func:`contllm.forward.forward_batch`, which
+        The forward every evaluation runs, :func:`contllm.core.forward.forward_batch`, which
         describes the arguments; this method hands them on. Call inside :meth:`patched`.
         """
         return forward.forward_batch(
@@ -165,7 +165,7 @@ class ContinuousLM:
         positions: Positions = "last",
         batch_size: int | None = None,
     ) -> torch.Tensor | list[torch.Tensor]:
-        """Logits of the model on each signal, in float32 on the CPU, through an :class:`~contllm.engine.Engine`.
+        """Logits of the model on each signal, in float32 on the CPU, through an :class:`~contllm.core.engine.Engine`.
 
         positions: "last" -> [batch, vocab]; an int or a list of k ints (token indices of
             each signal, negative from its end) -> [batch, vocab] or [batch, k, vocab];
@@ -181,7 +181,7 @@ class ContinuousLM:
         with nothing to attend to (every token at or before its time has duration 0, e.g.
         every token deleted), or a signal's tensors edited in place to values it cannot
         hold (NaN or negative durations, times beyond +-MAX_TIME). A signal beyond the model's max_position_embeddings (in
-        tokens or in time) runs, with a :class:`~contllm.engine.ContextLengthWarning` once per model.
+        tokens or in time) runs, with a :class:`~contllm.core.engine.ContextLengthWarning` once per model.
         """
         single = isinstance(signals, Signal)
         items = check_signals(signals, single_ok=True)
@@ -222,12 +222,12 @@ class ContinuousLM:
         names: Any = None,
         positions: Positions = "all",
     ) -> ActivationCache:
-        """Named activations of one padded forward of ``signals``: :func:`contllm.activations.run_with_cache`.
+        """Named activations of one padded forward of ``signals``: :func:`contllm.internals.activations.run_with_cache`.
 
-        names: activation names (``blocks.{i}.hook_resid_post``, ..., :mod:`contllm.hookpoints`),
+        names: activation names (``blocks.{i}.hook_resid_post``, ..., :mod:`contllm.internals.hookpoints`),
         short forms (``("resid_post", 5)``) or predicates; None: all. positions: "all",
         "last", a token index or a list of them. Returns an
-        :class:`~contllm.activation_cache.ActivationCache` (float32 on the CPU, one tensor per
+        :class:`~contllm.internals.activation_cache.ActivationCache` (float32 on the CPU, one tensor per
         signal and name, with each read position's time). The engine's shared prefix is
         not used for this call.
         """
@@ -242,7 +242,7 @@ class ContinuousLM:
         positions: Positions = "last",
         grad: bool = False,
     ) -> torch.Tensor | list[torch.Tensor]:
-        """Logits of ``signals`` with hook functions for this forward: :func:`contllm.activations.run_with_hooks`.
+        """Logits of ``signals`` with hook functions for this forward: :func:`contllm.internals.activations.run_with_hooks`.
 
         fwd_hooks, bwd_hooks: (name or predicate, fn) pairs; ``fn(activation, hook)`` returns
         a replacement or None, ``hook.name``, ``hook.times`` and ``hook.durations`` describe
@@ -258,7 +258,7 @@ class ContinuousLM:
     def hooks(
         self, signals: Signal | Sequence[Signal], fwd_hooks: Any = (), bwd_hooks: Any = ()
     ) -> AbstractContextManager[HookState]:
-        """Hook functions for every forward of ``signals`` while the context lasts: :func:`contllm.intervention.hooks`.
+        """Hook functions for every forward of ``signals`` while the context lasts: :func:`contllm.internals.intervention.hooks`.
 
         E.g. ``with lm.hooks(signals, [("blocks.3.attn.hook_z", ablate)]): cache = lm.run_with_cache(signals)``.
         SignalError on entering for hooks that are not a list of (target, fn) pairs or a bad target.
@@ -273,7 +273,7 @@ class ContinuousLM:
         positions: Positions = "last",
         wrt: Any = ("durations", "embeds"),
     ) -> Gradients:
-        """Gradients of ``readout(logits)`` by durations, input embeddings and activations: :func:`contllm.gradients.gradients`.
+        """Gradients of ``readout(logits)`` by durations, input embeddings and activations: :func:`contllm.internals.gradients.gradients`.
 
         readout maps the batch's logits ([batch, vocab] at the last position by default) to
         one value per signal; wrt lists "durations", "embeds" and activation names.
@@ -284,7 +284,7 @@ class ContinuousLM:
         return gradients(self, signals, readout, positions=positions, wrt=wrt)
 
     def trace(self, signals: Signal | Sequence[Signal], *, grad: bool = False, **options: Any) -> Any:
-        """nnsight's tracer over ``signals``: :func:`contllm.interop.trace` (needs ``contllm[nnsight]``).
+        """nnsight's tracer over ``signals``: :func:`contllm.internals.interop.trace` (needs ``contllm[nnsight]``).
 
         ``with lm.trace(signals) as tr:`` then ``tr.model.model.layers[5].output.save()``,
         ``tr.model.output.logits``, and ``tr.columns(-1)`` for each row's last token.
@@ -294,12 +294,12 @@ class ContinuousLM:
         return trace(self, signals, grad=grad, **options)
 
     def forward_kwargs(self, signals: Signal | Sequence[Signal]) -> ForwardInputs:
-        """Keyword arguments that run ``signals`` through the stock forward: :func:`contllm.interop.forward_kwargs`.
+        """Keyword arguments that run ``signals`` through the stock forward: :func:`contllm.internals.interop.forward_kwargs`.
 
         ``self.model(**inputs)`` inside ``inputs.context()`` gives this model's logits on the
         left-padded batch (input embeddings, the continuous-time 4D mask and float position
         ids); for nnsight, baukit or hooks of one's own. The module docstring of
-        :mod:`contllm.interop` lists the caveats.
+        :mod:`contllm.internals.interop` lists the caveats.
         """
         return forward_kwargs(self, signals)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import matplotlib
 
-from contllm.files import file_mode, note_written, write_error
+from contllm.rundir.files import file_mode, note_written, write_error
 
 if not os.environ.get("DISPLAY") and "MPLBACKEND" not in os.environ:
     matplotlib.use("Agg")

@@ -184,7 +184,7 @@ class RunSettings:
         _positive_int(self.max_batch_tokens, "--max-batch-tokens")
         _positive_int(self.group_bytes, GROUP_BYTES_VARIABLE)
         if self.device_map is not None:
-            from contllm.distributed import check_device_map
+            from contllm.rundir.distributed import check_device_map
 
             check_device_map(self.device_map)
         if self.item_figures is not None and not isinstance(self.item_figures, bool):
@@ -197,7 +197,7 @@ class RunSettings:
 
     def check_for(self, experiment: Any) -> None:
         """ExperimentError when a setting does not apply to ``experiment`` (an :class:`~contllm.experiments.base.Experiment`)."""
-        from contllm.distributed import launch_size
+        from contllm.rundir.distributed import launch_size
 
         if not experiment.engine:
             unused = [

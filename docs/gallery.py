@@ -67,8 +67,8 @@ def make_runs(
 ) -> dict[str, Path]:
     """One run directory per experiment of ``runs`` under ``directory`` (finished ones are kept); name -> path."""
     from contllm import load
-    from contllm.report import load_run
-    from contllm.runner import run
+    from contllm.rundir.report import load_run
+    from contllm.rundir.runner import run
 
     out: dict[str, Path] = {}
     for name, (options, items) in runs.items():
@@ -169,7 +169,7 @@ SHOWN: dict[str, tuple[str | None, float | None]] = {
 def explorer_page(run_dir: Path, target: Path) -> Path:
     """The explorer page of a finished run, drawn by this checkout's code (not the one the run wrote) at ``target``."""
     from contllm import load_run
-    from contllm.explorer import explorer_data, page
+    from contllm.rundir.explorer import explorer_data, page
 
     run = load_run(run_dir)
     data = explorer_data([(run.model, run.result)])

@@ -68,7 +68,7 @@ def _escape(text: str) -> str:
 def _help_text(args: list[str]) -> str:
     from typer.testing import CliRunner
 
-    from contllm.cli import app
+    from contllm.cli.commands import app
 
     done = CliRunner().invoke(app, args, prog_name="contllm", terminal_width=88)
     if done.exit_code != 0:
@@ -81,7 +81,7 @@ def top_commands() -> list[str]:
     import click
     import typer
 
-    from contllm.cli import app
+    from contllm.cli.commands import app
 
     group: Any = typer.main.get_command(app)  # a click group (typer may carry its own click)
     return [name for name in group.list_commands(click.Context(group)) if name != "run"]
@@ -236,23 +236,23 @@ USER_API = (
     "contllm",
     "contllm.loading",
     "contllm.lm",
-    "contllm.signal",
-    "contllm.interpolate",
-    "contllm.readout",
+    "contllm.core.signal",
+    "contllm.core.interpolate",
+    "contllm.core.readout",
     "contllm.metrics",
-    "contllm.activations",
-    "contllm.activation_cache",
-    "contllm.hookpoints",
-    "contllm.intervention",
-    "contllm.gradients",
+    "contllm.internals.activations",
+    "contllm.internals.activation_cache",
+    "contllm.internals.hookpoints",
+    "contllm.internals.intervention",
+    "contllm.internals.gradients",
     "contllm.generation",
     "contllm.experiments",
-    "contllm.cards",
-    "contllm.cards.auditing",
-    "contllm.report",
-    "contllm.outputs",
-    "contllm.explorer",
-    "contllm.interop",
+    "contllm.audits",
+    "contllm.audits.run",
+    "contllm.rundir.report",
+    "contllm.rundir.outputs",
+    "contllm.rundir.explorer",
+    "contllm.internals.interop",
     "contllm.models",
     "contllm.errors",
 )
@@ -265,11 +265,11 @@ EXTENDING = (
     "contllm.experiments.interpolations",
     "contllm.experiments.prompts",
     "contllm.experiments.protocol",
-    "contllm.families",
+    "contllm.core.families",
     "contllm.plotting",
-    "contllm.pages",
+    "contllm.rundir.pages",
     "contllm.data.user",
-    "contllm.runner",
+    "contllm.rundir.runner",
 )
 
 

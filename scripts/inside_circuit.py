@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 import contllm
-from contllm.families import decoder_layers, head_counts
+from contllm.core.families import decoder_layers, head_counts
+from contllm.core.readout import digits
 from contllm.plotting import plt, save_figure
-from contllm.readout import digits
 
 #: Rows (heads) per forward.
 ROWS = 48

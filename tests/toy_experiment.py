@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from contllm.cards.studies import Interval, Study, number
+from contllm.audits.studies import Interval, Study, number
 from contllm.data import CountingItem
 from contllm.experiments import counting
 from contllm.experiments.base import option_table

@@ -20,8 +20,8 @@ the times (t_i is the start plus every duration up to token i), which rotary mod
 position ids. Both carry gradients here. Earlier transformers 5.x releases compute the
 rotary embedding under ``torch.no_grad()`` (later ones no longer do); there the path's
 forwards, which run in contllm's one differentiable context
-(:func:`contllm.forward.differentiable`), take the gradient through
-:func:`contllm.forward.rotary_gradients`, as :func:`contllm.gradients.gradients` does.
+(:func:`contllm.core.forward.differentiable`), take the gradient through
+:func:`contllm.core.forward.rotary_gradients`, as :func:`contllm.internals.gradients.gradients` does.
 :func:`differentiable_rotary` (the undecorated forward of a rotary module decorated with
 ``torch.no_grad()``, while a context lasts) is kept for callers of its own.
 
@@ -84,9 +84,9 @@ from contllm.attribution.path import (
     window_crossings,
 )
 from contllm.attribution.quadrature import MAX_STEPS, gauss_legendre_log
+from contllm.core.readout import TokenSets
+from contllm.core.signal import Signal
 from contllm.errors import SignalError
-from contllm.readout import TokenSets
-from contllm.signal import Signal
 
 __all__ = [
     "CPU_GRAD_TOKENS",
@@ -326,7 +326,7 @@ def attribute(
             f"{type(readout).__name__} {shown[:60] + '...' if len(shown) > 60 else shown}; "
             "for a function of the logits, take lm.gradients"
         )
-    from contllm.engine import check_signals
+    from contllm.core.engine import check_signals
 
     (signal,) = check_signals(signal, single_ok=True)  # the gate of every entry point (in-place edits included)
     chosen, position = _check_tokens(signal, tokens, position)
@@ -471,7 +471,7 @@ def occlusion(
     if not factors or not all(math.isfinite(c) and c >= 0 for c in factors):
         raise SignalError(f"occlusion factors must be finite and >= 0, got {factors}")
     if evaluate is None:
-        from contllm.engine import Engine
+        from contllm.core.engine import Engine
 
         engine = Engine(lm)
 

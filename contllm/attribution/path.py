@@ -5,9 +5,9 @@ gradients of the log-durations; the tokens before the first attributed one (and 
 read position) run once without gradients and their keys are reused. Its forwards are
 chunked by memory (:func:`row_bytes` against :func:`path_bytes`): a differentiated row keeps
 every layer's activations for the backward, and every row its own copy of the prefix keys.
-Each forward is contllm's one forward (:func:`contllm.forward.forward`, with its float64
+Each forward is contllm's one forward (:func:`contllm.core.forward.forward`, with its float64
 rule: a float64 model keeps a float64 mask and read-out here) inside
-:func:`contllm.forward.differentiable`, whose :func:`contllm.forward.rotary_gradients` lets
+:func:`contllm.core.forward.differentiable`, whose :func:`contllm.core.forward.rotary_gradients` lets
 gradients reach float position ids where transformers computes the rotary table under
 ``torch.no_grad()`` (earlier 5.x releases). :func:`differentiable_rotary`, which calls the
 undecorated forward of a rotary module decorated with ``torch.no_grad()``, is kept for
@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from contllm.families import sizes
-from contllm.forward import Context, differentiable, embeddings, forward
-from contllm.hooks import replaced_forward
-from contllm.signal import Signal
+from contllm.core.families import sizes
+from contllm.core.forward import Context, differentiable, embeddings, forward
+from contllm.core.signal import Signal
+from contllm.internals.hooks import replaced_forward
 
 #: Rows x tokens after the prefix of one forward of the path on the CPU (8 x that on an
 #: accelerator) unless ``max_batch_tokens`` says otherwise; the memory budget below caps it too.
@@ -185,7 +185,7 @@ class DurationPath:
         """One forward of the tokens [prefix, n) at ``durations``/``times`` [B, width] (with ``start``: of [0, prefix),
         keeping every key in a new cache); the logits of the columns ``keep`` and the cache's context.
 
-        The forward is :func:`contllm.forward.forward`, with the float64 rule of attribution (``keep_float64``).
+        The forward is :func:`contllm.core.forward.forward`, with the float64 rule of attribution (``keep_float64``).
         """
         lm = self.lm
         lo = 0 if start else self.prefix
@@ -262,7 +262,7 @@ def window_crossings(lm: Any, signal: Signal, tokens: list[int], low: float) -> 
     edge is sharp), and integrated gradients cannot see a jump. 0 for a model without windows
     and for a signal with explicit times (its times do not move).
     """
-    from contllm.families import layer_windows
+    from contllm.core.families import layer_windows
 
     windows = layer_windows(lm.family, lm.model.config)
     sizes = {w for w in (windows.values() if isinstance(windows, dict) else [windows]) if w is not None}

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from contllm.pages import html_text
+from contllm.rundir.pages import html_text
 
 #: Characters per line of the text heatmap before a line is wrapped.
 WRAP = 96

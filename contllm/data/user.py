@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from contllm.errors import ExperimentError
-from contllm.files import parse_json
 from contllm.numerals import as_integer, as_number
+from contllm.rundir.files import parse_json
 
 __all__ = ["Row", "read_rows", "data_option_help", "file_sha256", "read_data_file", "unique_ids"]
 

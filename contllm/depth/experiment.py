@@ -6,7 +6,7 @@ updates are small and vary smoothly with depth, nearby trajectories contract whe
 flow does, and splitting a step in two barely changes the output.
 :func:`probe_prompt` runs the probes of :mod:`contllm.depth.measures` on one prompt;
 :func:`run_depth` runs them on several and returns a :class:`DepthResult` (the Python
-API); :data:`EXPERIMENT` is ``contllm run depth`` (:mod:`contllm.runner` owns the run).
+API); :data:`EXPERIMENT` is ``contllm run depth`` (:mod:`contllm.rundir.runner` owns the run).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from contllm.core.families import decoder_layers
 from contllm.depth.figures import depth_figures
 from contllm.depth.measures import fractional_depth, half_step_defects, layer_lipschitz, propagate_sizes, step_profile
 from contllm.depth.patches import check_alpha
@@ -28,7 +29,6 @@ from contllm.depth.stack import LayerStack, layer_index
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Experiment, Metric, RunContext, option_table
 from contllm.experiments.options import config_dict, parse_floats, parse_ints
-from contllm.families import decoder_layers
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import numpy as np
 
 from contllm.depth.result import DepthResult
 from contllm.errors import ExperimentError
-from contllm.files import data_name
+from contllm.rundir.files import data_name
 
 #: The figures of a run, in order ("summary" first: what ``contllm.experiments.figure`` shows); "readout" (one per
 #: prompt) comes after them.

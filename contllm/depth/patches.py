@@ -23,7 +23,7 @@ import torch
 
 from contllm.depth.stack import LayerCall, LayerStack, Trace, check_no_cache
 from contllm.errors import ExperimentError
-from contllm.hooks import (
+from contllm.internals.hooks import (
     first_output,
     hidden_of,
     input_hook,

@@ -17,7 +17,7 @@ import numpy as np
 
 from contllm.errors import ExperimentError
 from contllm.experiments.records import Record, Records
-from contllm.files import as_array, jsonable
+from contllm.rundir.files import as_array, jsonable
 
 
 @dataclass

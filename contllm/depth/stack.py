@@ -1,7 +1,7 @@
 """The layer stack of a stock causal LM, read along depth: h_0 .. h_L and each layer as a function of h.
 
 :class:`LayerStack` finds the decoder layers and the final norm through the family
-table (:mod:`contllm.families`); :meth:`LayerStack.trace` runs one prompt and records
+table (:mod:`contllm.core.families`); :meth:`LayerStack.trace` runs one prompt and records
 every layer's input, the arguments it was called with (a :class:`LayerCall`, Φ_l as a
 function of h) and what it returned. Forwards never use a KV cache: the probes call a
 layer again with the arguments it got, which would append to a cache twice.
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from contllm.core.families import decoder_layers, final_norm, model_of
 from contllm.errors import ExperimentError, UnsupportedModelError
-from contllm.families import decoder_layers, final_norm, model_of
-from contllm.hooks import first_output, hidden_of, input_hook, output_hook, with_hidden
+from contllm.internals.hooks import first_output, hidden_of, input_hook, output_hook, with_hidden
 
 
 def layer_index(layer: int, n_layers: int) -> int:

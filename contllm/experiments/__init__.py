@@ -21,8 +21,8 @@ from contllm.exports import lazy_exports
 __getattr__, __all__ = lazy_exports(
     __name__,
     {
-        "contllm.runner": ("run_experiment", "compute_records"),
-        "contllm.outputs": ("save", "summarize", "figure"),
+        "contllm.rundir.runner": ("run_experiment", "compute_records"),
+        "contllm.rundir.outputs": ("save", "summarize", "figure"),
         "contllm.experiments.base": ("Experiment", "Metric", "Records", "RunContext"),
         "contllm.experiments.boolean": ("BooleanConfig",),
         "contllm.experiments.counting": ("CountingConfig",),

@@ -1,7 +1,7 @@
 """Attention mass on the scaled tokens: which heads follow the log(c) bias and which compensate.
 
 Scaling a token's duration by c adds log(c) to every attention logit on it
-(:mod:`contllm.attention`). For each counting item and each factor c of the sweep, the
+(:mod:`contllm.core.attention`). For each counting item and each factor c of the sweep, the
 attention probabilities of the read position (``blocks.{i}.attn.hook_pattern``) are summed
 over the scaled tokens: the *mass* m(c) of each layer and head. A head whose scores do
 not change passes the bias straight through, so its odds m / (1 - m) are c times those

@@ -263,7 +263,7 @@ class AttributionExperiment(Experiment[ItemAttribution, AttributionResult]):
 
     def plan(self, lm: Any, item: Any, config: AttributionConfig) -> tuple[Any, list[int], list[int], Readout, Any]:
         """The item's prompt signal, its span tokens, the attributed tokens, the read-out and the plan."""
-        from contllm.readout import digits
+        from contllm.core.readout import digits
 
         plan = registry.get(config.dataset).plan_item(lm, item, config.dataset_config())
         signal, span = plan.signals[0], list(plan.edited)
@@ -369,7 +369,7 @@ class AttributionExperiment(Experiment[ItemAttribution, AttributionResult]):
 
     def documents(self, result: AttributionResult, *, per_item: bool = True) -> Iterator[tuple[str, str]]:
         from contllm.attribution import render as figures
-        from contllm.files import data_name
+        from contllm.rundir.files import data_name
 
         if per_item:
             for r in result.items:

@@ -9,8 +9,8 @@ by their type hints), its options and headline numbers are declared as tables
 (:func:`option_table`, :meth:`Metric.table`), and its figures come from
 :meth:`Experiment.summary_figure` and :meth:`Experiment.item_figure`. Everything else
 (settings, the run directory, loading the model, the manifest, resume, shards over
-processes, progress) belongs to :mod:`contllm.runner`, and every file written to
-:mod:`contllm.outputs`.
+processes, progress) belongs to :mod:`contllm.rundir.runner`, and every file written to
+:mod:`contllm.rundir.outputs`.
 
 Data in, data out: :meth:`Experiment.run` and :meth:`Experiment.result` write nothing;
 :meth:`Experiment.figures` returns matplotlib figures and saves none.
@@ -28,7 +28,7 @@ from contllm.experiments.records import Records, plain
 from contllm.logs import note
 
 if TYPE_CHECKING:
-    from contllm.cards.study import Study
+    from contllm.audits.study import Study
 
 #: The kinds of an option, by name (:func:`option_table`).
 KINDS: dict[str, Kind] = {kind: kind for kind in get_args(Kind)}
@@ -169,10 +169,10 @@ class Experiment(Generic[RecordT, ResultT]):
             what an item is, what the slider moves and what the bars, curves and token
             strip show (empty: the page says :attr:`help`).
         explorer: True when its records hold a read-out over a swept knob, so that its runs
-            and reports get an ``explorer.html`` (:mod:`contllm.explorer`): each record's
+            and reports get an ``explorer.html`` (:mod:`contllm.rundir.explorer`): each record's
             ``to_dict()`` has ``item_id``, ``x`` [S] (the knob's values), ``labels`` [K] and
             the probabilities [S][K] that :meth:`explorer_probs` reads (``probs``).
-        study: the :class:`~contllm.cards.study.Study` that ``contllm audit`` runs of it
+        study: the :class:`~contllm.audits.study.Study` that ``contllm audit`` runs of it
             (None: the audit leaves it out); its ``experiment`` is :attr:`name`.
         result_type: the :class:`Records` subclass of its result; with it, :meth:`decode`,
             :meth:`result` and :meth:`load_result` need no code of their own.
@@ -281,8 +281,8 @@ class Experiment(Generic[RecordT, ResultT]):
     def figures(self, result: ResultT, *, per_item: bool = True) -> Iterator[tuple[str, Any]]:
         """(name, matplotlib figure) pairs, none saved: "summary" (:meth:`summary_figure`), then with
         ``per_item`` "items/<name>" for each record of a :class:`Records` result (:meth:`item_figure`), the
-        name made from the item id by :func:`contllm.files.data_name`."""
-        from contllm.files import data_name
+        name made from the item id by :func:`contllm.rundir.files.data_name`."""
+        from contllm.rundir.files import data_name
 
         fig = self.summary_figure(result)
         if fig is not None:
@@ -304,7 +304,7 @@ class Experiment(Generic[RecordT, ResultT]):
     def documents(self, result: ResultT, *, per_item: bool = True) -> Iterator[tuple[str, str]]:
         """(relative path, text) pairs of extra files to write beside the figures (e.g. "figures/items/<name>.html").
 
-        A path made from an item id names it by :func:`contllm.files.data_name`; the writer
+        A path made from an item id names it by :func:`contllm.rundir.files.data_name`; the writer
         refuses any path that would leave the run directory."""
         return iter(())
 

@@ -15,7 +15,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from contllm import metrics
-from contllm.cards.studies import Study, boolean_finding
+from contllm.audits.studies import Study, boolean_finding
+from contllm.core.readout import PAPER_TRUTH, containing, truth_values
+from contllm.core.signal import Signal
 from contllm.data import BooleanTable, load_boolean
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Metric
@@ -31,8 +33,6 @@ from contllm.experiments.prompts import Rendered, apply_chat, render
 from contllm.experiments.protocol import PROTOCOL, with_paper_coverage
 from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepPlan, summary_start
 from contllm.lm import ContinuousLM
-from contllm.readout import PAPER_TRUTH, containing, truth_values
-from contllm.signal import Signal
 
 DEFAULT_TEMPLATE = "What is the truth value of {a} {op} {b}?\nAnswer: "
 CHAT_TEMPLATE = "What is the truth value of {a} {op} {b}? Reply with 0 or 1."

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contllm.cards.studies import Study, counting_finding
+from contllm.audits.studies import Study, counting_finding
 from contllm.data import COUNTING_SCHEMA, CountingItem, load_counting, read_counting
 from contllm.data.user import DataFileOption
 from contllm.experiments.prompts import Rendered, apply_chat, render

@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from contllm import metrics
+from contllm.core.readout import TokenSets, digits, paper_digits
+from contllm.core.signal import Signal
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Metric, option_table
 from contllm.experiments.counting import QUESTION_TEMPLATE
@@ -35,8 +37,6 @@ from contllm.experiments.sweeps import (
     summary_start,
     sweep_values,
 )
-from contllm.readout import TokenSets, digits, paper_digits
-from contllm.signal import Signal
 
 #: (word, other word, the category asked about with its article, whether the other word is of it too).
 #: The first three are the paper's; apple to pear keeps the count.

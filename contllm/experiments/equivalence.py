@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 
 from contllm import metrics
+from contllm.core.signal import Signal
 from contllm.data import CountingItem, load_counting
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Experiment, Metric, RunContext, Table, option_table
 from contllm.experiments.counting import CountingConfig, render_item
 from contllm.experiments.records import IntArray, Record, RecordList, Records
 from contllm.experiments.sweeps import SweepPlan, run_plan, sweep_options, sweep_values
-from contllm.signal import Signal
 
 #: Digits are read out, so no grid may ask for more than nine copies.
 MOST_COPIES = 9
@@ -237,7 +237,7 @@ def select_words(items: Sequence[CountingItem], per_category: int) -> list[Count
 
 def plan_grid(lm: Any, item: CountingItem, config: EquivalenceConfig) -> tuple[SweepPlan, np.ndarray, np.ndarray]:
     """The signals of one word's grid, row-major over (m, d), and the copies and durations."""
-    from contllm.readout import digits
+    from contllm.core.readout import digits
 
     copies, durations = config.copies(), config.durations()
     signals = []

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from contllm.cards.studies import Study, counting_finding
+from contllm.audits.studies import Study, counting_finding
 from contllm.data import EVENTS_SCHEMA, EventItem, load_events, read_events
 from contllm.data.user import DataFileOption
 from contllm.errors import ExperimentError

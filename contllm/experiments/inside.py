@@ -17,13 +17,13 @@ import numpy as np
 import torch
 
 from contllm import registry
-from contllm.activations import run_with_cache
+from contllm.core.families import decoder_layers
+from contllm.core.signal import Signal
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Experiment, RecordT, ResultT
 from contllm.experiments.options import Option
 from contllm.experiments.sweeps import sweep_values
-from contllm.families import decoder_layers
-from contllm.signal import Signal
+from contllm.internals.activations import run_with_cache
 
 DIGITS = np.arange(10, dtype=np.float64)
 
@@ -138,14 +138,14 @@ def prompt_of(lm: Any, item: Any, config: InsideConfig) -> Prompt:
 
 def layer_cache(lm: Any, prompt: Prompt, factors: np.ndarray, hook: str) -> tuple[list[Signal], list[str], Any]:
     """The prompt at each factor, the names ``blocks.{i}.{hook}`` of every layer and their activations at the read
-    position (:func:`contllm.activations.run_with_cache`)."""
+    position (:func:`contllm.internals.activations.run_with_cache`)."""
     signals = [prompt.at(c) for c in factors]
     names = [f"blocks.{i}.{hook}" for i in range(len(decoder_layers(lm)))]
     return signals, names, run_with_cache(lm, signals, names=names, positions="last")
 
 
 def digit_sets(lm: Any) -> Any:
-    from contllm.readout import digits
+    from contllm.core.readout import digits
 
     return digits(lm.tokenizer)
 

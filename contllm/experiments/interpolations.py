@@ -15,6 +15,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from contllm.core.interpolate import interpolate_spans
+from contllm.core.readout import TokenSets
+from contllm.core.signal import Signal
 from contllm.errors import ExperimentError, SignalError
 from contllm.experiments.options import METHOD, Option
 from contllm.experiments.protocol import PAPER_RUNS
@@ -28,9 +31,6 @@ from contllm.experiments.sweeps import (
     sweep_options,
     sweep_values,
 )
-from contllm.interpolate import interpolate_spans
-from contllm.readout import TokenSets
-from contllm.signal import Signal
 
 #: The two ends of an interpolation: the first prompt and its span, the second prompt and its span.
 Ends = tuple[Signal, Any, Signal, Any]

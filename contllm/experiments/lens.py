@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from contllm import metrics
-from contllm.activation_cache import unembed
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Metric, RunContext, Table
 from contllm.experiments.inside import (
@@ -31,6 +30,7 @@ from contllm.experiments.inside import (
     sweep_inside_options,
 )
 from contllm.experiments.records import IntArray, ItemRecords, Record
+from contllm.internals.activation_cache import unembed
 
 
 @dataclass

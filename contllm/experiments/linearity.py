@@ -27,7 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from contllm.cards import studies
+from contllm.audits import studies
+from contllm.core.interpolate import interpolate_spans, mix
+from contllm.core.signal import Signal
 from contllm.errors import ExperimentError, SignalError
 from contllm.experiments import boolean as boolean_exp
 from contllm.experiments import word_interpolation as word_exp
@@ -35,8 +37,6 @@ from contllm.experiments.base import Experiment, Metric, RunContext, Table, opti
 from contllm.experiments.options import METHOD, Option
 from contllm.experiments.records import Record, RecordList, Records
 from contllm.experiments.sweeps import MAX_SAMPLES, check_method
-from contllm.interpolate import interpolate_spans, mix
-from contllm.signal import Signal
 
 SOURCES = ("interpolation", "boolean", "prompt")
 PREFIX = {"interpolation": "word", "boolean": "bool", "prompt": "prompt"}

@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from contllm.activations import Patch, patch, recording
-from contllm.engine import evaluation
+from contllm.core.engine import evaluation
+from contllm.core.families import decoder_layers, head_counts
+from contllm.core.prefix import SharedPrefix, slice_signal
+from contllm.core.signal import Signal, pad_signals
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Metric, RunContext, Table, option_table
 from contllm.experiments.inside import (
@@ -41,9 +43,7 @@ from contllm.experiments.inside import (
     prompt_of,
 )
 from contllm.experiments.records import ItemRecords, Record
-from contllm.families import decoder_layers, head_counts
-from contllm.prefix import SharedPrefix, slice_signal
-from contllm.signal import Signal, pad_signals
+from contllm.internals.activations import Patch, patch, recording
 
 #: Patched rows per forward; each row is the few tokens after the shared prefix.
 ROWS = 64

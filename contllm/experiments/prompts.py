@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contllm.core.signal import Span
 from contllm.errors import ExperimentError
-from contllm.signal import Span
 
 _FIELD = re.compile(r"\{(\w+)\}")
 

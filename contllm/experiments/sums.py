@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from contllm import metrics
-from contllm.cards.studies import Study, sums_finding
+from contllm.audits.studies import Study, sums_finding
+from contllm.core.signal import Signal
 from contllm.data.paper import SUMS_FIELDS, sums_rows
 from contllm.data.user import DataFileOption, Row, read_items
 from contllm.errors import ExperimentError
@@ -37,7 +38,6 @@ from contllm.experiments.prompts import Rendered, apply_chat, render
 from contllm.experiments.protocol import PAPER_RUNS, PaperSearch, with_paper_coverage
 from contllm.experiments.records import Record, Records
 from contllm.experiments.sweeps import DurationSweepConfig, provenance, selected
-from contllm.signal import Signal
 
 #: Worked examples: the problem, then its sum written out. Small models write the right sum
 #: far more often with this format than when the answer follows the question directly
@@ -368,7 +368,7 @@ def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRe
     The digits are read with the protocol's sets (:meth:`SumsConfig.digit_sets`); the greedy
     answer appends the most probable token that is exactly the chosen digit.
     """
-    from contllm.readout import decoded_vocabulary, digits
+    from contllm.core.readout import decoded_vocabulary, digits
 
     sets = config.digit_sets(lm.tokenizer)
     exact = digits(lm.tokenizer)

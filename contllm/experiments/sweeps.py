@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from contllm import metrics
+from contllm.core.readout import TokenSets
+from contllm.core.signal import Signal
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Experiment, Metric, RunContext, Table
 from contllm.experiments.options import Option
@@ -34,8 +36,6 @@ from contllm.experiments.protocol import (
     with_paper_coverage,
 )
 from contllm.experiments.records import Record, RecordList, Records
-from contllm.readout import TokenSets
-from contllm.signal import Signal
 
 #: Most values of the knob per item: a sweep's signals are held in memory at once.
 MAX_SAMPLES = 10_000
@@ -182,8 +182,8 @@ class DurationSweepConfig(SweepConfig):
 
     def digit_sets(self, tokenizer: Any) -> TokenSets:
         """The read-out of the digits 0-9: exact tokens, or under the paper's protocol every token containing the
-        digit (:func:`~contllm.readout.paper_digits`)."""
-        from contllm.readout import digits, paper_digits
+        digit (:func:`~contllm.core.readout.paper_digits`)."""
+        from contllm.core.readout import digits, paper_digits
 
         return paper_digits(tokenizer) if self.paper else digits(tokenizer)
 

@@ -76,7 +76,7 @@ def tokens_sweep(lm: Any, item: PromptItem, config: TokensConfig) -> TrackPlan:
 
     The reference (the plain prompt) is alpha 0, or factor 1; None when the sweep misses it.
     """
-    from contllm.interpolate import interpolate_spans
+    from contllm.core.interpolate import interpolate_spans
 
     span = item.span_at()
     meta: dict[str, Any] = {"prompt": item.prompt, "span": item.span, "edit": item.edit}

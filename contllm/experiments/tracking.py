@@ -25,11 +25,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from contllm.core.signal import Signal
 from contllm.data.user import Row, read_rows, unique_ids
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Experiment, Metric, RunContext, Table
 from contllm.experiments.records import Record, RecordList, Records
-from contllm.signal import Signal
 
 DEFAULT_THRESHOLD = 0.05
 #: Smallest threshold: at most 1/threshold tokens exceed it at one value of the knob.
@@ -140,7 +140,7 @@ class Track(Record, what="tracking record"):
 
 def vocabulary_labels(tokenizer: Any, size: int) -> tuple[str, ...]:
     """The decoded text of token ids 0..size-1 (ids the tokenizer lacks read as "<id N>")."""
-    from contllm.readout import decoded_vocabulary
+    from contllm.core.readout import decoded_vocabulary
 
     known = decoded_vocabulary(tokenizer)
     return tuple(known[:size]) + tuple(f"<id {i}>" for i in range(len(known), size))

@@ -3,7 +3,7 @@
 Each item is a pair of words (plural nouns) and a question with one ``{}`` for the word.
 The word's embedding goes from the first word (alpha = 0) to the second (alpha = 1),
 linearly or by slerp, over the word's tokens (aligned in time when the two words
-tokenize into different numbers of tokens, as in :mod:`contllm.interpolate`); P(yes)
+tokenize into different numbers of tokens, as in :mod:`contllm.core.interpolate`); P(yes)
 and P(no) are read out over every casing, with and without a leading space.
 
 Questions are grouped by the words they are true for: *both*, *neither*, *first* only
@@ -28,7 +28,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from contllm.cards.studies import Study, interpolation_finding
+from contllm.audits.studies import Study, interpolation_finding
+from contllm.core.readout import PAPER_YES_NO, TokenSets, containing
+from contllm.core.signal import Signal
 from contllm.data.user import DataFileOption, Row, data_option_help, read_rows, unique_ids
 from contllm.errors import ExperimentError
 from contllm.experiments import answers
@@ -45,8 +47,6 @@ from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
 from contllm.experiments.protocol import PROTOCOL, with_paper_coverage
 from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepPlan, summary_start
-from contllm.readout import PAPER_YES_NO, TokenSets, containing
-from contllm.signal import Signal
 
 #: Eight answered questions about other things (four yes, four no), then the item's
 #: question. How well small models tell yes from no with this and other formats is

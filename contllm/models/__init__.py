@@ -15,7 +15,6 @@ and :mod:`~contllm.models.load` (options, ``from_pretrained``, :func:`load_model
 
 from __future__ import annotations
 
-from contllm.distributed import DEVICE_MAPS, check_device_map
 from contllm.models.cache import (
     RECORD_FORMAT,
     RECORD_NAME,
@@ -47,6 +46,7 @@ from contllm.models.load import (
     parse_dtype,
     resolve_device,
 )
+from contllm.rundir.distributed import DEVICE_MAPS, check_device_map
 
 __all__ = [
     "DEFAULT_MODEL",

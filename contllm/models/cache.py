@@ -40,8 +40,8 @@ import torch
 import transformers
 
 from contllm.errors import ModelLoadError
-from contllm.files import cache_root as cache_root  # re-exported: contllm.models.cache_root
-from contllm.files import file_mode
+from contllm.rundir.files import cache_root as cache_root  # re-exported: contllm.models.cache_root
+from contllm.rundir.files import file_mode
 
 RECORD_NAME = "contllm_record.json"
 RECORD_FORMAT = 1

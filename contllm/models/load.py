@@ -18,9 +18,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from contllm.distributed import check_device_map
+from contllm.core.families import FAMILIES, family_of
 from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
-from contllm.families import FAMILIES, family_of
 from contllm.models.cache import cache_entry_problems, cache_root, read_record
 from contllm.models.catalog import (
     DEFAULT_MODEL,
@@ -33,6 +32,7 @@ from contllm.models.catalog import (
     resolve,
 )
 from contllm.models.conversion import ensure_cached
+from contllm.rundir.distributed import check_device_map
 from contllm.settings import DTYPE_NAMES
 
 # --------------------------------------------------------------------------- options

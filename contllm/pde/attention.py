@@ -27,8 +27,8 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from contllm.attention import stock_eager, switched_attention
-from contllm.families import attention_modules, head_counts, model_of
+from contllm.core.attention import stock_eager, switched_attention
+from contllm.core.families import attention_modules, head_counts, model_of
 from contllm.pde.dynamics import Dynamics, DynamicsError
 
 #: The name under which the attention function is registered with transformers.

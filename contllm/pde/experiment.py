@@ -16,7 +16,7 @@ variants. The stock model's logits that every point is measured against are comp
 afresh by each :meth:`PDEExperiment.run` (one eager forward of the text and the prompts),
 so a resumed run, or one that selects points without "stock-T0", measures exactly what a
 whole run would. :data:`EXPERIMENT` is what ``contllm run pde`` runs through
-:mod:`contllm.runner`; :func:`run_pde` is the same sweep in Python, returning a
+:mod:`contllm.rundir.runner`; :func:`run_pde` is the same sweep in Python, returning a
 :class:`~contllm.pde.result.PDEResult`.
 """
 
@@ -33,12 +33,11 @@ from typing import Any
 
 import torch
 
+from contllm.core.families import attention_modules, head_counts
 from contllm.data import select_items
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Experiment, Metric, RunContext, Table, option_table
 from contllm.experiments.options import config_dict, parse_floats
-from contllm.families import attention_modules, head_counts
-from contllm.files import jsonable
 from contllm.numerals import as_integer
 from contllm.pde.attention import pde_attention
 from contllm.pde.dynamics import SPACINGS, Dynamics
@@ -47,6 +46,7 @@ from contllm.pde.figures import figures as draw_figures
 from contllm.pde.hidden import causal_smoothing
 from contllm.pde.probes import AttentionRecorder, compare_fits, output_measures, perplexity
 from contllm.pde.result import CSV_COLUMNS, PROFILE_COLUMNS, PDEResult, check_record
+from contllm.rundir.files import jsonable
 
 DEFAULT_TIMES: tuple[float, ...] = (0.0, 0.1, 0.4, 1.0, 4.0, 16.0, 64.0, 256.0)
 VARIANTS = ("attention", "matched", "hidden")

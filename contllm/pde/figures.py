@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from contllm.errors import ExperimentError
-from contllm.files import as_array
 from contllm.pde.probes import Fit
 from contllm.pde.result import PDEResult
+from contllm.rundir.files import as_array
 
 #: The figures of a run, in the order they are drawn (figures/<name>.png and .pdf); "summary"
 #: is :func:`outputs_figure`, the headline (what ``contllm.experiments.figure`` shows).

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from contllm.families import decoder_layers, model_of
-from contllm.hooks import cache_of, first_output, output_hook, replace_first_output
+from contllm.core.families import decoder_layers, model_of
+from contllm.internals.hooks import cache_of, first_output, output_hook, replace_first_output
 from contllm.pde.dynamics import STEP, DynamicsError
 
 

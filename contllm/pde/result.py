@@ -5,7 +5,7 @@ agreement, entropy), the per-prompt measures and the attention statistics (the p
 distance profile m(d), its exponential and power-law fits, per-layer means and fits).
 :class:`PDEResult` gives tidy rows (results.csv), the profile rows (profiles.csv), a
 headline table per variant and a summary with a verdict on the shape of the profile.
-Nothing here writes a file or draws: :mod:`contllm.runner` writes what
+Nothing here writes a file or draws: :mod:`contllm.rundir.runner` writes what
 :meth:`PDEResult.to_dict` and the tables give, :mod:`contllm.pde.figures` draws.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from contllm.errors import ExperimentError
 from contllm.experiments.records import Records
-from contllm.files import as_array, jsonable, read_json
+from contllm.rundir.files import as_array, jsonable, read_json
 
 #: Columns of results.csv (tidy rows, see :meth:`PDEResult.rows`) and of profiles.csv.
 CSV_COLUMNS = ("variant", "T", "group", "quantity", "key", "value")

@@ -50,7 +50,7 @@ def test_completeness_on_the_item_line_of_a_counting_prompt(smollm: ContinuousLM
 
 
 def test_a_run_scores_the_counted_words(smollm: ContinuousLM, tmp_path: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     out = run("attribution", options={"steps": "32", "floor": "0.5", "first": "1"}, lm=smollm,
               model="smollm2-135m", out=tmp_path / "run")

@@ -16,7 +16,7 @@ import pytest
 
 import contllm
 from contllm import ContinuousLM
-from contllm.cards import Card, compare
+from contllm.audits import Card, compare
 from tests.integration.browser import chromium, missing
 from tests.integration.test_kill_resume import environment
 

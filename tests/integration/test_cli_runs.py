@@ -15,7 +15,7 @@ from contllm.models import DEFAULT_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CONTLLM = [sys.executable, "-m", "contllm.cli"]
+CONTLLM = [sys.executable, "-m", "contllm.cli.commands"]
 #: The runs that need a model but not the counting effect name the fast one.
 FAST = ("--model", "smollm2-135m")
 

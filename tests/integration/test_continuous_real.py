@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from contllm import ContinuousLM
-from contllm.engine import time_origin
+from contllm.core.engine import time_origin
 
 pytestmark = [pytest.mark.integration, pytest.mark.numerics]
 
@@ -53,7 +53,7 @@ def test_gemma3_long_prompt_beyond_the_window_equals_stock(gemma: ContinuousLM) 
     assert len(signal) > 600
     n = len(signal)
     # The engine reads these positions with the time origin moved next to them (exact on a
-    # relative model; contllm.engine.time_origin): the stock model gets the same position
+    # relative model; contllm.core.engine.time_origin): the stock model gets the same position
     # ids, so both round the rotary angles alike (at positions 0..n-1 the stock logits
     # themselves move by ~2e-4 from rounding angles near 600 in float32). The sliding
     # window the stock model applies comes from its own cache positions, not from these.

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from contllm.cli import app
+from contllm.cli.commands import app
 from contllm.data.user import file_sha256
 
 pytestmark = pytest.mark.integration

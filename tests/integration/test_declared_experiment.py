@@ -18,13 +18,13 @@ import pytest
 from typer.testing import CliRunner
 
 from contllm import ContinuousLM, registry
-from contllm.cards.auditing import fixed_plan
-from contllm.cards.card import build_card
-from contllm.cards.page import card_page
-from contllm.cards.studies import STUDIES, study
-from contllm.cli import app
+from contllm.audits.card import build_card
+from contllm.audits.page import card_page
+from contllm.audits.run import fixed_plan
+from contllm.audits.studies import STUDIES, study
+from contllm.cli.commands import app
 from contllm.errors import ExperimentError
-from contllm.runner import run
+from contllm.rundir.runner import run
 from tests import toy_experiment
 from tests.toy_experiment import NAME
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from contllm import ContinuousLM, runner
+from contllm import ContinuousLM
 from contllm.depth import (
     PROMPTS,
     DepthConfig,
@@ -19,6 +19,7 @@ from contllm.depth import (
     propagate,
     scaled_updates,
 )
+from contllm.rundir import runner
 
 pytestmark = [
     pytest.mark.integration,
@@ -87,7 +88,7 @@ def test_small_depth_run_writes_its_run_directory(real_lm: ContinuousLM, tmp_pat
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "finished" and manifest["model"] == name
     # contllm report reads a depth run like any other: its headline numbers, no comparison figure.
-    from contllm.report import write_report
+    from contllm.rundir.report import write_report
 
     written = write_report([out], tmp_path / "report")
     assert sorted(p.name for p in written) == ["summary.csv", "summary.md"]

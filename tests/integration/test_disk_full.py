@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from contllm import files
-from contllm.cli import app
+from contllm.cli.commands import app
+from contllm.rundir import files
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contllm.distributed import cpu_threads
+from contllm.rundir.distributed import cpu_threads
 
 pytestmark = pytest.mark.integration
 
@@ -233,7 +233,7 @@ def test_a_killed_launch_resumes_in_a_single_process(tiny_directory: Path, tmp_p
     """Shards left by a launch (two processes, one of them cut off) finish without a launcher."""
     from typer.testing import CliRunner
 
-    from contllm.cli import app
+    from contllm.cli.commands import app
 
     args = ["run", "counting", "--model", str(tiny_directory), "--device", "cpu", "--items", "6", "--samples", "3",
             "--no-item-figures"]  # fmt: skip

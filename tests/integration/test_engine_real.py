@@ -7,7 +7,7 @@ import torch
 
 import contllm
 from contllm import ContinuousLM, Signal, pad_signals
-from contllm.engine import Engine
+from contllm.core.engine import Engine
 from contllm.hardware import cpu_capability
 
 pytestmark = [pytest.mark.integration, pytest.mark.numerics]

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from contllm import ContinuousLM
-from contllm.cli import app
-from contllm.report import REPORT_FILES
+from contllm.cli.commands import app
+from contllm.rundir.report import REPORT_FILES
 
 pytestmark = pytest.mark.integration
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from contllm import ContinuousLM
+from contllm.core.readout import digits, truth_values
 from contllm.data import load_boolean, load_counting, load_events
 from contllm.experiments import BooleanConfig, CountingConfig, EventsConfig, boolean, counting, events, run_experiment
 from contllm.experiments.sweeps import run_plan
-from contllm.readout import digits, truth_values
 
 pytestmark = pytest.mark.integration
 

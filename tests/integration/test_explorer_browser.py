@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from contllm import ContinuousLM
-from contllm.report import write_report
-from contllm.runner import run
+from contllm.rundir.report import write_report
+from contllm.rundir.runner import run
 from tests.integration.browser import chromium, missing
 
 pytestmark = pytest.mark.integration
@@ -181,7 +181,7 @@ def test_hostile_strings_in_every_field_are_text_in_the_browser(browser: object,
     from selenium.webdriver.support.ui import Select
     from typer.testing import CliRunner
 
-    from contllm.cli import app
+    from contllm.cli.commands import app
     from contllm.experiments.counting import CountingConfig
     from tests.unit.test_hostile_data import HOSTILE, counting_rows
     from tests.unit.test_sums import digit_tokenizer

@@ -13,7 +13,7 @@ import torch
 
 import contllm
 from contllm import ContinuousLM
-from contllm.engine import Engine
+from contllm.core.engine import Engine
 from tests.integration.test_engine_real import counting_sweep, one_by_one
 
 pytestmark = [

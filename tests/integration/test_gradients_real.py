@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, Signal, wrap
-from contllm.readout import digits
+from contllm.core.readout import digits
 
 pytestmark = pytest.mark.integration
 

@@ -87,8 +87,8 @@ def test_lm_trace_reads_and_edits_smollm_under_a_continuous_input(smollm: Contin
 def test_patching_lens_and_attention_mass_run_resume_and_report(smollm: ContinuousLM, tmp_path) -> None:
     import json
 
-    from contllm.report import write_report
-    from contllm.runner import run
+    from contllm.rundir.report import write_report
+    from contllm.rundir.runner import run
 
     settings = {
         "patching": {"heads": False},
@@ -146,10 +146,10 @@ def test_every_head_of_a_layer_patched_is_the_attention_output_patched_on_smollm
     """SmolLM2's attention (9 query heads on 3 key/value heads, head_dim 64; its first 3 layers) on count-001's
     prompt: each head of hook_z patched in turn, as the patching experiment builds them, with the run's own
     values change nothing, and with the c = 1 run's give the c = 1 run's attention output."""
-    from contllm.activations import Patch, patch, run_with_cache
+    from contllm.core.families import head_counts
     from contllm.experiments.inside import prompt_of
     from contllm.experiments.patching import PatchingConfig
-    from contllm.families import head_counts
+    from contllm.internals.activations import Patch, patch, run_with_cache
 
     config = PatchingConfig()
     item = prompt_of(smollm3, config.counting_items()[0], config)
@@ -179,8 +179,8 @@ def test_every_head_of_a_layer_patched_is_the_attention_output_patched_on_smollm
 
 
 def test_patching_with_heads_runs_resumes_and_reports(smollm3: ContinuousLM, tmp_path) -> None:
-    from contllm.report import write_report
-    from contllm.runner import run
+    from contllm.rundir.report import write_report
+    from contllm.rundir.runner import run
 
     lm, layers = smollm3, 3
     out = tmp_path / "patching"
@@ -215,7 +215,7 @@ def test_the_patching_command_with_heads_on_smollm2(tmp_path) -> None:
 
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "contllm.cli", *args], capture_output=True, text=True, timeout=1800, env=env
+            [sys.executable, "-m", "contllm.cli.commands", *args], capture_output=True, text=True, timeout=1800, env=env
         )
 
     done = cli("run", "patching", "--model", "smollm2-135m", "--items", "1", "--no-item-figures", "--out", str(out))

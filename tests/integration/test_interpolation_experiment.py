@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from contllm import ContinuousLM
-from contllm.cli import app
-from contllm.engine import Engine
+from contllm.cli.commands import app
+from contllm.core.engine import Engine
 from contllm.experiments.word_interpolation import InterpolationConfig, ends, plan_item, word_items
-from contllm.report import REPORT_FILES
+from contllm.rundir.report import REPORT_FILES
 
 pytestmark = pytest.mark.integration
 

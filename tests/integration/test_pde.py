@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from contllm import ContinuousLM, Signal
-from contllm.hooks import cache_keyword
+from contllm.internals.hooks import cache_keyword
 from contllm.pde import (
     Dynamics,
     PDEConfig,
@@ -23,7 +23,7 @@ from contllm.pde import (
     pde_attention,
 )
 from contllm.pde.figures import FIGURES
-from contllm.runner import run
+from contllm.rundir.runner import run
 
 pytestmark = [
     pytest.mark.integration,

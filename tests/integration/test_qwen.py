@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, Signal, pad_signals
-from contllm.engine import Engine
+from contllm.core.engine import Engine
+from contllm.core.readout import digits
 from contllm.models import REGISTRY
-from contllm.readout import digits
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,7 @@ def test_four_shrinking_apples_are_read_as_one_then_two_then_four(qwen: Continuo
 
 @pytest.mark.slow
 def test_counting_run_end_to_end(qwen: ContinuousLM, tmp_path: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     out = run("counting", options={"samples": "3"}, model=ALIAS, lm=qwen, items="2", out=tmp_path / "run",
               device="cpu", item_figures=False)

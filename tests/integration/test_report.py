@@ -11,9 +11,9 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from contllm import ContinuousLM
-from contllm.cli import app
-from contllm.report import REPORT_FILES
-from contllm.runner import run
+from contllm.cli.commands import app
+from contllm.rundir.report import REPORT_FILES
+from contllm.rundir.runner import run
 
 pytestmark = pytest.mark.integration
 

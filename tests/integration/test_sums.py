@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from contllm import ContinuousLM
-from contllm.cli import app
-from contllm.engine import Engine
+from contllm.cli.commands import app
+from contllm.core.engine import Engine
 from contllm.experiments.sums import SumsConfig, load_sums, render_item, run_item
-from contllm.report import REPORT_FILES
+from contllm.rundir.report import REPORT_FILES
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from contllm import ContinuousLM
-from contllm.engine import Engine
+from contllm.core.engine import Engine
 from contllm.experiments import run_experiment, summarize
 from contllm.experiments.timeline import TOLERANCE, TRANSLATION
 from contllm.experiments.tokens import EXPERIMENT as TOKENS
@@ -43,8 +43,8 @@ def test_interpolation_ends_are_the_plain_prompts_for_words_of_unequal_token_cou
 
 
 def test_runs_of_each_on_both_models_compare_in_a_report(smollm: ContinuousLM, gemma: ContinuousLM, tmp_path: Path) -> None:
-    from contllm.report import write_report
-    from contllm.runner import run
+    from contllm.rundir.report import write_report
+    from contllm.rundir.runner import run
 
     settings = {
         "tokens": {"samples": "3", "factors": "0.5,1.5"},

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from contllm import registry
-from contllm.cli import app
+from contllm.cli.commands import app
 from contllm.experiments.base import Experiment, RunContext
 from contllm.experiments.options import Option
 

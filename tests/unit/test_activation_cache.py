@@ -1,4 +1,4 @@
-"""Cache helpers (contllm.activation_cache): the residual stream taken apart adds back up, on every family."""
+"""Cache helpers (contllm.internals.activation_cache): the residual stream taken apart adds back up, on every family."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, Signal
+from contllm.core.families import attention_outputs, decoder_layers, final_norm, parallel_blocks
 from contllm.errors import SignalError
-from contllm.families import attention_outputs, decoder_layers, final_norm, parallel_blocks
 from tests.unit.tiny import FAMILY_NAMES, prompt, random_durations, tiny_model
 
 pytestmark = [pytest.mark.unit, pytest.mark.numerics]

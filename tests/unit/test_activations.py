@@ -1,4 +1,4 @@
-"""Named activations (contllm.activations): reads equal the stock model's, patches are exact and scoped."""
+"""Named activations (contllm.internals.activations): reads equal the stock model's, patches are exact and scoped."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, Signal
-from contllm.activations import (
+from contllm.core.families import attention_modules, decoder_layers, final_norm, mlp_modules
+from contllm.errors import SignalError
+from contllm.internals.activations import (
     Patch,
     activation_names,
     align_positions,
     patch,
     run_with_cache,
 )
-from contllm.errors import SignalError
-from contllm.families import attention_modules, decoder_layers, final_norm, mlp_modules
-from contllm.hookpoints import point
+from contllm.internals.hookpoints import point
 from tests.unit.tiny import FAMILY_NAMES, backends, prompt, random_durations, tiny_model, tiny_model64
 
 pytestmark = [pytest.mark.unit, pytest.mark.numerics]
@@ -298,7 +298,7 @@ def test_patterns_of_a_bfloat16_sdpa_model_run_eager_inside_its_float32_state() 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_head_outputs_through_the_output_projection_give_the_attention_output(family: str) -> None:
-    from contllm.families import attention_outputs
+    from contllm.core.families import attention_outputs
 
     lm = ContinuousLM(tiny_model(family, "eager"))
     signal = Signal.from_ids(prompt(N, 6), random_durations(N, 6))

@@ -17,8 +17,8 @@ import torch
 from contllm import ContinuousLM, Signal, SignalError
 from contllm.attribution import Readout
 from contllm.attribution import attribute as attribute_tokens
-from contllm.engine import Engine
-from contllm.signal import MAX_TIME
+from contllm.core.engine import Engine
+from contllm.core.signal import MAX_TIME
 from tests.unit.tiny import prompt, random_durations, tiny_model
 
 pytestmark = pytest.mark.unit

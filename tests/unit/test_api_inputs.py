@@ -17,8 +17,8 @@ from transformers import PreTrainedTokenizerFast
 
 import contllm
 from contllm import ContinuousLM, ModelLoadError, Signal, SignalError, UnsupportedModelError
-from contllm.engine import ContextLengthWarning
-from contllm.signal import MAX_TIME
+from contllm.core.engine import ContextLengthWarning
+from contllm.core.signal import MAX_TIME
 from tests.unit.tiny import COMMON, VOCAB, prompt, random_durations, tiny_model
 
 pytestmark = pytest.mark.unit
@@ -308,7 +308,7 @@ def test_a_model_directory_with_bad_safetensors_is_a_load_error(tmp_path: Any, c
 @pytest.mark.parametrize("path", [123, None, b"runs/x", "", "  ", ["runs/x"], 1.5])
 def test_load_run_of_something_that_is_no_path_is_the_toolkits_error(path: Any) -> None:
     from contllm.errors import RunDirectoryError
-    from contllm.report import draw_figures, write_report
+    from contllm.rundir.report import draw_figures, write_report
 
     with pytest.raises(RunDirectoryError, match="must be a path"):
         contllm.load_run(path)

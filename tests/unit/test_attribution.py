@@ -14,13 +14,13 @@ from transformers import PreTrainedTokenizerFast
 from contllm import ContinuousLM, ExperimentError, registry
 from contllm.attribution import Readout, attribute, differentiable_rotary, gauss_legendre_log, occlusion
 from contllm.attribution.path import _no_grad_wrapped
+from contllm.core.readout import TokenSets
+from contllm.core.signal import Signal
 from contllm.data import load_counting
 from contllm.errors import SignalError
 from contllm.experiments.attribution import EXPERIMENT, AttributionResult, ItemAttribution, line_start
 from contllm.experiments.counting import SHOTS
 from contllm.lm import wrap
-from contllm.readout import TokenSets
-from contllm.signal import Signal
 from tests.unit.tiny import prompt, random_durations, tiny_model, tiny_model64
 
 pytestmark = [pytest.mark.unit, pytest.mark.numerics]
@@ -277,7 +277,7 @@ OPTIONS = {"steps": "16", "first": "2"}
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     lm = ContinuousLM(tiny_model("llama"), word_tokenizer())
     return run("attribution", options=OPTIONS, lm=lm, model="tiny-llama", out=tmp_path_factory.mktemp("attr") / "run",
@@ -327,7 +327,7 @@ def test_the_experiment_is_registered_and_selects_items() -> None:
 def test_resume_recomputes_only_the_lost_item(full_run: Path, tmp_path: Path) -> None:
     import shutil
 
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     out = tmp_path / "run"
     shutil.copytree(full_run, out)

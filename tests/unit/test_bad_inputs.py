@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from contllm.cli import app
+from contllm.cli.commands import app
 
 pytestmark = pytest.mark.unit
 

@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 
 from contllm import ContinuousLM, ExperimentError
-from contllm.cards.auditing import dry_run, make_plan, study_config
-from contllm.cards.budget import MARGIN, Bounds, Estimate, Probe, allocate, budget_text, parse_budget
-from contllm.cards.studies import STUDIES
-from contllm.chunks import FORWARD_OVERHEAD
+from contllm.audits.budget import MARGIN, Bounds, Estimate, Probe, allocate, budget_text, parse_budget
+from contllm.audits.run import dry_run, make_plan, study_config
+from contllm.audits.studies import STUDIES
+from contllm.core.chunks import FORWARD_OVERHEAD
+from contllm.core.engine import Engine
 from contllm.data import select_items
-from contllm.engine import Engine
-from contllm.runner import compute_records, context_for
+from contllm.rundir.runner import compute_records, context_for
 from tests.unit.test_cards import tiny_lm
 
 pytestmark = pytest.mark.unit

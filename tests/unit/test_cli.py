@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from contllm.cli import app
+from contllm.cli.commands import app
 from contllm.errors import ExperimentError
-from contllm.spec import load_spec
+from contllm.rundir.spec import load_spec
 
 pytestmark = pytest.mark.unit
 
@@ -151,7 +151,7 @@ def test_the_command_lines_items_override_every_experiments(tmp_path: Path) -> N
 
 def test_the_config_of_a_spec_run_records_its_own_items(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What config.json would record: the resolved settings of each entry, checked as a run checks them."""
-    from contllm.runner import check_run
+    from contllm.rundir.runner import check_run
 
     spec = load_spec(Path(__file__).resolve().parents[2] / "specs" / "quick.toml")
     recorded = {e.experiment: check_run(e.experiment, options=dict(e.options), settings=e.settings).resolved["items"]

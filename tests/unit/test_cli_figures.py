@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from contllm import ContinuousLM, runner, settings
-from contllm.cli import app
+from contllm import ContinuousLM, settings
+from contllm.cli.commands import app
 from contllm.errors import ExperimentError, RunDirectoryError
 from contllm.experiments.counting import CountingConfig
-from contllm.report import draw_figures
+from contllm.rundir import runner
+from contllm.rundir.report import draw_figures
+from contllm.rundir.spec import load_spec
 from contllm.settings import RunSettings, figure_formats
-from contllm.spec import load_spec
 from tests.unit.test_cli import one_line_error
 from tests.unit.test_sums import digit_tokenizer
 from tests.unit.tiny import tiny_model
@@ -26,7 +27,7 @@ CONFIG = CountingConfig(samples=3, low=0.5, high=1.5)
 
 def tiny_run(out: Path, **settings: object) -> Path:
     """A finished counting run of a tiny model: two items, three factors each."""
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     lm = ContinuousLM(tiny_model("llama"), digit_tokenizer())
     return run("counting", config=CONFIG, lm=lm, model="tiny-llama", items="2", out=out, **settings)
@@ -73,7 +74,7 @@ def test_bad_formats_stop_a_run_in_one_line_before_the_model_loads(
     def no_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("the run started")
 
-    monkeypatch.setattr("contllm.runner.run", no_run)
+    monkeypatch.setattr("contllm.rundir.runner.run", no_run)
     out = tmp_path / "run"
     one_line_error(CliRunner().invoke(app, ["run", "counting", "--formats", value, "--out", str(out)]), "--formats")
     assert not out.exists()

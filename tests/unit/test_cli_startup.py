@@ -1,7 +1,7 @@
 """The command line answers at once: help pages and --version import no torch, transformers or matplotlib.
 
-Help reads the experiments' declarations from contllm/cli_index.json; the index must
-equal what the experiments declare (regenerate it with ``python -m contllm.cli_index``).
+Help reads the experiments' declarations from contllm/cli/index.json; the index must
+equal what the experiments declare (regenerate it with ``python -m contllm.cli.index``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 import contllm
-from contllm import cli_index, logs, registry
-from contllm.cli import app
+from contllm import logs, registry
+from contllm.cli import index as cli_index
+from contllm.cli.commands import app
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +30,7 @@ HEAVY = ("torch", "transformers", "matplotlib")
 PROBE = """
 import json, sys
 args, watched = json.loads(sys.argv[1]), set(json.loads(sys.argv[2]))
-from contllm.cli import main
+from contllm.cli.commands import main
 sys.argv = ["contllm", *args]
 try:
     main()
@@ -147,13 +148,13 @@ def test_a_spec_with_a_malformed_value_is_refused_before_torch_is_imported(tmp_p
 def test_the_index_equals_the_experiments_declarations() -> None:
     held = json.loads(cli_index.INDEX_PATH.read_text(encoding="utf-8"))
     assert held == json.loads(json.dumps(cli_index.build())), (
-        "contllm/cli_index.json differs from the experiments' declarations; "
-        "rewrite it with `python -m contllm.cli_index`"
+        "contllm/cli/index.json differs from the experiments' declarations; "
+        "rewrite it with `python -m contllm.cli.index`"
     )
 
 
 def test_help_pages_from_the_index_equal_those_of_the_imported_experiments() -> None:
-    from contllm.cli import experiment_command
+    from contllm.cli.run import experiment_command
 
     for name in registry.names():
         fast = experiment_command(name, indexed=True)
@@ -194,7 +195,7 @@ def test_quiet_and_verbose_set_the_contllm_loggers_level() -> None:
 
 
 def test_news_goes_through_the_contllm_logger(caplog: pytest.LogCaptureFixture) -> None:
-    from contllm.runner import context_for
+    from contllm.rundir.runner import context_for
 
     context = context_for(object(), evaluate=lambda signals: None)
     with caplog.at_level(logging.INFO, logger="contllm"):

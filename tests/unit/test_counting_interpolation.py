@@ -11,9 +11,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
-from contllm.engine import Engine
+from contllm.core.engine import Engine
+from contllm.core.signal import Signal
 from contllm.experiments.counting_interpolation import EXPERIMENT, CountingInterpolationConfig, plan_item
-from contllm.signal import Signal
 from tests.unit.tiny import tiny_model
 
 pytestmark = pytest.mark.unit
@@ -67,7 +67,7 @@ def torch_close(a: object, b: object) -> bool:
 
 
 def test_a_run_writes_summary_with_its_metrics_and_the_figure(lm: ContinuousLM, tmp_path: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     out = run("counting-interpolation", options={"samples": "3"}, lm=lm, model="tiny-llama", items="2",
               out=tmp_path / "run")

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from contllm import ContinuousLM, ExperimentError
-from contllm.cli import app
+from contllm.cli.commands import app
 from contllm.data import CountingItem, EventItem
 from contllm.data.paper import parse_passage
 from contllm.data.user import file_sha256
@@ -173,7 +173,7 @@ def test_help_gives_each_schema() -> None:
 
 
 def test_the_config_records_the_file_and_its_hash_and_resume_refuses_a_changed_file(tmp_path: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     data = write(tmp_path / "events.json", PAPER_EVENTS)
     config = EventsConfig(data=data, samples=2, low=0.5)

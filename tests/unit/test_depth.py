@@ -12,8 +12,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from contllm import ContinuousLM, runner
-from contllm.cli import app
+from contllm import ContinuousLM
+from contllm.cli.commands import app
+from contllm.core.families import decoder_layers, final_norm
 from contllm.data import select_items
 from contllm.depth import (
     PROMPTS,
@@ -43,9 +44,9 @@ from contllm.depth import (
 from contllm.depth.experiment import EXPERIMENT
 from contllm.depth.figures import depth_finding
 from contllm.errors import ExperimentError, RunDirectoryError
-from contllm.families import decoder_layers, final_norm
-from contllm.files import csv_text
-from contllm.runner import context_for
+from contllm.rundir import runner
+from contllm.rundir.files import csv_text
+from contllm.rundir.runner import context_for
 from tests.unit.readable import check_readable
 from tests.unit.tiny import FAMILY_NAMES, backends, prompt, tiny_model
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from contllm import distributed
-from contllm.cli import app
+from contllm.cli.commands import app
 from contllm.errors import ExperimentError, ModelLoadError
 from contllm.experiments.sweeps import Sweep
 from contllm.models import check_device_map
-from contllm.runs import ITEMS, SHARDS, RunDir
+from contllm.rundir import distributed
+from contllm.rundir.runs import ITEMS, SHARDS, RunDir
 
 pytestmark = pytest.mark.unit
 

@@ -95,7 +95,7 @@ def test_every_public_name_of_contllm_has_an_api_page() -> None:
     griffe = pytest.importorskip("griffe")
     package = griffe.load("contllm", search_paths=[str(ROOT)], resolve_aliases=False)
     modules = hooks.public_modules()
-    assert "contllm.signal" in modules and "contllm.experiments.counting" in modules
+    assert "contllm.core.signal" in modules and "contllm.experiments.counting" in modules
     assert not [m for m in modules if any(part.startswith("_") for part in m.split("."))]
     defined: dict[str, str] = {}
     for module in modules:
@@ -105,7 +105,7 @@ def test_every_public_name_of_contllm_has_an_api_page() -> None:
                 defined.setdefault(name, module)
     missing = [name for name in contllm.__all__ if name not in defined]
     assert not missing, f"public names of contllm with no API page: {missing}"
-    assert hooks.api_page("contllm.signal") == "# `contllm.signal`\n\n::: contllm.signal\n"
+    assert hooks.api_page("contllm.core.signal") == "# `contllm.core.signal`\n\n::: contllm.core.signal\n"
 
 
 def test_the_navigation_takes_pages_that_exist_and_adds_the_others(tmp_path: Path) -> None:
@@ -324,7 +324,7 @@ def test_the_api_reference_is_grouped_and_every_module_is_in_one_group(tmp_path:
     assert sorted(placed) == sorted(hooks.public_modules())  # each module once
     assert groups["User API"][:3] == ["contllm", "contllm.loading", "contllm.lm"]
     assert "contllm.experiments.counting" in groups["Experiments"] and "contllm.depth.figures" in groups["Experiments"]
-    assert "contllm.registry" in groups["Extending"] and "contllm.engine" in groups["Internals"]
+    assert "contllm.registry" in groups["Extending"] and "contllm.core.engine" in groups["Internals"]
     (tmp_path / "index.md").write_text("# home\n")
     (tmp_path / hooks.API_FRONT).write_text("# API\n")
     nav = hooks.on_config({"docs_dir": str(tmp_path), "nav": [{"Home": "index.md"}]})["nav"]

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, Signal, SignalError
-from contllm.chunks import plan
-from contllm.engine import Engine
-from contllm.prefix import shared_prefix_len
+from contllm.core.chunks import plan
+from contllm.core.engine import Engine
+from contllm.core.prefix import shared_prefix_len
 from tests.unit.tiny import WINDOW, prompt, random_durations, tiny_model, tiny_model64
 
 pytestmark = [pytest.mark.unit, pytest.mark.numerics]

@@ -13,8 +13,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
+from contllm.core.engine import Engine
+from contllm.core.readout import digits
+from contllm.core.signal import Signal
 from contllm.data import load_counting
-from contllm.engine import Engine
 from contllm.experiments.counting import DEFAULT_TEMPLATE, SHOTS
 from contllm.experiments.equivalence import (
     EXPERIMENT,
@@ -27,8 +29,6 @@ from contllm.experiments.equivalence import (
     run_grid,
     select_words,
 )
-from contllm.readout import digits
-from contllm.signal import Signal
 from tests.unit.tiny import tiny_model, tiny_model64
 
 pytestmark = pytest.mark.unit
@@ -59,7 +59,7 @@ def lm64() -> ContinuousLM:
 
 @pytest.fixture(scope="module")
 def full_run(lm: ContinuousLM, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     return run("equivalence", options=OPTIONS, lm=lm, model="tiny-llama", items="2",
                out=tmp_path_factory.mktemp("equivalence") / "run")
@@ -146,7 +146,7 @@ def test_a_run_writes_its_grids_tables_summary_and_figures(full_run: Path) -> No
 
 
 def test_resume_recomputes_only_the_lost_word_exactly(lm: ContinuousLM, full_run: Path, tmp_path: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     out = tmp_path / "run"
     shutil.copytree(full_run, out)

@@ -13,8 +13,8 @@ import pytest
 from contllm.experiments.sums import SumRecord, SumsResult
 from contllm.experiments.sweeps import ExperimentResult, Sweep
 from contllm.experiments.tracking import Track, TrackResult
-from contllm.explorer import PAGE_PARTS, about, explorer_data, page
-from contllm.outputs import WRITERS, save
+from contllm.rundir.explorer import PAGE_PARTS, about, explorer_data, page
+from contllm.rundir.outputs import WRITERS, save
 
 pytestmark = pytest.mark.unit
 

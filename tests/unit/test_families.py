@@ -10,8 +10,8 @@ import transformers as tf
 from torch import nn
 
 from contllm import ContinuousLM, UnsupportedModelError
-from contllm.attention import attention_modules as reexported_attention_modules
-from contllm.families import FAMILIES, attention_modules, decoder_layers, final_norm, head_counts
+from contllm.core.attention import attention_modules as reexported_attention_modules
+from contllm.core.families import FAMILIES, attention_modules, decoder_layers, final_norm, head_counts
 from tests.unit.tiny import CONFIGS, FAMILY_NAMES, prompt, tiny_model
 
 pytestmark = pytest.mark.unit
@@ -70,7 +70,7 @@ def test_attention_modules_one_per_layer_inside_it(family: str) -> None:
         assert type(module).__name__.endswith("Attention")
         assert any(m is module for m in layer.modules())
     assert [id(m) for m in attention_modules(ContinuousLM(model))] == [id(m) for m in modules]
-    assert reexported_attention_modules is attention_modules  # contllm.pde imports it from contllm.attention
+    assert reexported_attention_modules is attention_modules  # contllm.pde imports it from contllm.core.attention
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
@@ -106,7 +106,7 @@ def test_sizes_read_the_text_config_with_its_defaults() -> None:
 
     from transformers import GPT2Config, LlamaConfig
 
-    from contllm.families import sizes
+    from contllm.core.families import sizes
 
     llama = LlamaConfig(
         hidden_size=64,

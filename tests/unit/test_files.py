@@ -1,7 +1,7 @@
 """Names made from data: no item id, however built, names a file outside the run directory.
 
-:func:`contllm.files.data_name` turns any text read from data (an item id, a label) into
-one file-name component, and :func:`contllm.files.inside` refuses any path that leaves
+:func:`contllm.rundir.files.data_name` turns any text read from data (an item id, a label) into
+one file-name component, and :func:`contllm.rundir.files.inside` refuses any path that leaves
 its directory. Hypothesis draws ids of every shape (separators, dots, NUL bytes, lone
 surrogates, long non-ASCII text) and real files are written with the names they get.
 """
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contllm.errors import RunDirectoryError
-from contllm.files import atomic_write_text, data_name, inside
+from contllm.rundir.files import atomic_write_text, data_name, inside
 
 pytestmark = pytest.mark.unit
 

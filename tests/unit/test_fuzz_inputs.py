@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from contllm import registry
-from contllm.cli import app
+from contllm.cli.commands import app
 from contllm.data.user import read_rows
 from contllm.errors import ContllmError
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from contllm import ContinuousLM, load
-from contllm.cli import app
+from contllm.cli.commands import app
 from tests.unit.test_models_unit import tiny_directory
 
 pytestmark = pytest.mark.unit

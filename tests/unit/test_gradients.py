@@ -1,4 +1,4 @@
-"""Gradients (contllm.gradients, lm.gradients): durations, embeddings and activations against central finite differences.
+"""Gradients (contllm.internals.gradients, lm.gradients): durations, embeddings and activations against central finite differences.
 
 The models run in float64 and the finite differences read float64 logits from the stock
 forward (lm.forward_kwargs, with lm.hooks for activations). Some steps of the stock
@@ -226,11 +226,11 @@ def test_a_bfloat16_model_takes_gradients_through_its_float32_state() -> None:
 
 def test_durations_reach_a_rotary_table_computed_without_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
     # Some transformers releases build the rotary table under no_grad: the times' share of a duration's
-    # gradient then goes through contllm's recomputation of the table (contllm.forward.rotary_gradients).
+    # gradient then goes through contllm's recomputation of the table (contllm.core.forward.rotary_gradients).
     import contextlib
 
-    from contllm import forward as module
-    from contllm.families import rotary_module
+    from contllm.core import forward as module
+    from contllm.core.families import rotary_module
 
     lm = ContinuousLM(tiny_model64("gemma3"))  # one table per layer type
     s = Signal.from_ids(prompt(N, 3), random_durations(N, 3))

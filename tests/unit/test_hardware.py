@@ -115,7 +115,7 @@ def test_half_precision_note_only_where_half_is_no_faster(monkeypatch: pytest.Mo
 
 
 def test_a_run_notes_slow_half_precision_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:
-    from contllm import runner
+    from contllm.rundir import runner
 
     monkeypatch.setattr(hardware, "half_matmul_speedup", lambda dtype: 0.5)
     said: list[str] = []

@@ -1,4 +1,4 @@
-"""The hook vocabulary (contllm.hookpoints) on every family: each point equals what the stock model computes there.
+"""The hook vocabulary (contllm.internals.hookpoints) on every family: each point equals what the stock model computes there.
 
 References come from the stock Hugging Face forward of a copy of the model: plain torch
 hooks on its modules, and an attention function that records what the family's attention
@@ -18,11 +18,11 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from contllm import ContinuousLM, Signal
-from contllm.activations import run_with_cache
-from contllm.attention import stock_eager
+from contllm.core.attention import stock_eager
+from contllm.core.families import FAMILIES, family_of, parallel_blocks
 from contllm.errors import SignalError
-from contllm.families import FAMILIES, family_of, parallel_blocks
-from contllm.hookpoints import act_name, hook_names, points, resolve_names
+from contllm.internals.activations import run_with_cache
+from contllm.internals.hookpoints import act_name, hook_names, points, resolve_names
 from tests.unit.tiny import FAMILY_NAMES, backends, prompt, tiny_model
 
 pytestmark = [pytest.mark.unit, pytest.mark.numerics]

@@ -16,10 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from contllm import ContinuousLM
-from contllm.cli import app
+from contllm.cli.commands import app
 from contllm.experiments.counting import CountingConfig
-from contllm.files import data_name
-from contllm.runner import run
+from contllm.rundir.files import data_name
+from contllm.rundir.runner import run
 from tests.unit.test_attribution import word_tokenizer
 from tests.unit.test_sums import digit_tokenizer
 from tests.unit.tiny import tiny_model
@@ -136,7 +136,7 @@ def test_a_figure_name_out_of_the_run_is_refused_by_the_writer(lm: ContinuousLM,
     """Defence in depth: an experiment that names an item figure by its raw id cannot write outside either."""
     from contllm import registry
     from contllm.errors import RunDirectoryError
-    from contllm.outputs import save
+    from contllm.rundir.outputs import save
 
     out = run("counting", config=CountingConfig(samples=2, low=0.5, high=1.0), lm=lm, model="tiny", items="1",
               out=tmp_path / "root" / "o", item_figures=False)

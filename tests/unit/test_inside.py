@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from contllm import ExperimentError, registry
+from contllm.core.readout import TokenSets
 from contllm.experiments.attention_mass import EXPERIMENT as MASS
 from contllm.experiments.attention_mass import MassRecord, log_odds_slopes
 from contllm.experiments.inside import SweepInsideConfig, implied_counts
@@ -14,7 +15,6 @@ from contllm.experiments.lens import EXPERIMENT as LENS
 from contllm.experiments.lens import LensRecord
 from contllm.experiments.patching import EXPERIMENT as PATCHING
 from contllm.experiments.patching import PatchingConfig, PatchRecord
-from contllm.readout import TokenSets
 
 pytestmark = pytest.mark.unit
 
@@ -117,7 +117,7 @@ def tiny_prompt():
 
 def expected_count(lm, signal, patches=()) -> float:
     """E[k] at the last token of ``signal`` from one full forward (no shared prefix), patched as given."""
-    from contllm.activations import patch, run_with_cache
+    from contllm.internals.activations import patch, run_with_cache
 
     with patch(lm, signal, list(patches)):
         logits = run_with_cache(lm, signal, names="blocks.0.hook_resid_post", positions="last").logits[0]
@@ -126,8 +126,8 @@ def expected_count(lm, signal, patches=()) -> float:
 
 @pytest.mark.parametrize("family", HEAD_FAMILIES)
 def test_every_head_of_a_layer_patched_is_its_attention_output_patched(family: str) -> None:
-    from contllm.activations import Patch, patch, run_with_cache
-    from contllm.families import decoder_layers, head_counts
+    from contllm.core.families import decoder_layers, head_counts
+    from contllm.internals.activations import Patch, patch, run_with_cache
 
     lm, item = tiny_lm(family), tiny_prompt()
     plain, scaled = item.signal, item.at(0.2)
@@ -169,8 +169,8 @@ def test_head_h_is_the_columns_patching_takes_for_it() -> None:
     import copy
 
     from contllm import ContinuousLM
-    from contllm.activations import run_with_cache
-    from contllm.families import head_counts
+    from contllm.core.families import head_counts
+    from contllm.internals.activations import run_with_cache
     from tests.unit.tiny import tiny_model
 
     model = tiny_model("llama", "eager")
@@ -190,9 +190,9 @@ def test_head_h_is_the_columns_patching_takes_for_it() -> None:
 
 @pytest.mark.parametrize("family", HEAD_FAMILIES)
 def test_patch_item_with_heads_restores_what_each_head_patched_alone_restores(family: str, monkeypatch) -> None:
-    from contllm.activations import Patch, run_with_cache
+    from contllm.core.families import decoder_layers, head_counts
     from contllm.experiments import patching
-    from contllm.families import decoder_layers, head_counts
+    from contllm.internals.activations import Patch, run_with_cache
 
     monkeypatch.setattr(patching, "digit_sets", lambda lm: DIGIT_IDS)
     monkeypatch.setattr(patching, "ROWS", 7)  # several batches, one holding residual and head rows

@@ -1,4 +1,4 @@
-"""forward_kwargs (contllm.interop): the stock forward with its keyword arguments gives contllm's logits."""
+"""forward_kwargs (contllm.internals.interop): the stock forward with its keyword arguments gives contllm's logits."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, SignalError
-from contllm.interpolate import interpolate_spans, mix
+from contllm.core.interpolate import interpolate_spans, mix
 from tests.unit.tiny import tiny_model
 
 pytestmark = pytest.mark.unit

@@ -12,7 +12,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
-from contllm.engine import Engine
+from contllm.core.engine import Engine
+from contllm.core.signal import Signal
 from contllm.errors import ContllmError
 from contllm.experiments.sweeps import ExperimentResult, Sweep
 from contllm.experiments.word_interpolation import (
@@ -28,7 +29,6 @@ from contllm.experiments.word_interpolation import (
     summarize_sweeps,
     yes_no,
 )
-from contllm.signal import Signal
 from tests.unit.tiny import tiny_model, tiny_model64
 
 pytestmark = pytest.mark.unit
@@ -134,7 +134,7 @@ def test_a_malformed_row_is_one_error_naming_file_row_and_field(rows: list, need
 def test_a_malformed_file_on_the_command_line_is_exit_2_with_nothing_written(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from contllm.cli import app
+    from contllm.cli.commands import app
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"options": ["cats", "dogs"], "questions": ["Are {} red?"]}\n{"options": "cats"}\n')
@@ -200,7 +200,7 @@ def test_the_summary_counts_accuracy_crossovers_and_the_crossing_alpha() -> None
 
 @pytest.fixture(scope="module")
 def full_run(lm: ContinuousLM, paper_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     options = {"template": TEMPLATE, "data": str(paper_file), "samples": "3"}
     return run("interpolation", options=options, lm=lm, model="tiny-llama", out=tmp_path_factory.mktemp("interp") / "run")
@@ -208,7 +208,7 @@ def full_run(lm: ContinuousLM, paper_file: Path, tmp_path_factory: pytest.TempPa
 
 def test_a_run_writes_sweeps_summary_and_figures_and_resumes_exactly(lm: ContinuousLM, paper_file: Path,
                                                                     full_run: Path, tmp_path: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     result = ExperimentResult.from_dict(json.loads((full_run / "results.json").read_text()))
     assert len(result.sweeps) == 6 and result.sweeps[0].labels == ["yes", "no"]

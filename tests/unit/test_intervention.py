@@ -1,4 +1,4 @@
-"""Hook functions (contllm.intervention, lm.run_with_hooks): edits equal their computation by hand, nothing outlives a call."""
+"""Hook functions (contllm.internals.intervention, lm.run_with_hooks): edits equal their computation by hand, nothing outlives a call."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, Signal
-from contllm.activations import Patch, patch, run_with_cache
+from contllm.core.families import attention_outputs, decoder_layers, final_norm
 from contllm.errors import SignalError, UnsupportedModelError
-from contllm.families import attention_outputs, decoder_layers, final_norm
-from contllm.hooked_attention import _SITES as SITES
-from contllm.hooked_attention import IMPLEMENTATION
-from contllm.hookpoints import hook_names
+from contllm.internals.activations import Patch, patch, run_with_cache
+from contllm.internals.hooked_attention import _SITES as SITES
+from contllm.internals.hooked_attention import IMPLEMENTATION
+from contllm.internals.hookpoints import hook_names
 from tests.unit.tiny import FAMILY_NAMES, backends, prompt, random_durations, tiny_model, tiny_model64
 
 pytestmark = [pytest.mark.unit, pytest.mark.numerics]

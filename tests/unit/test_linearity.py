@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
-from contllm.engine import Engine
+from contllm.core.engine import Engine
 from contllm.experiments.linearity import (
     EXPERIMENT,
     PROMPT_PAIRS,
@@ -129,7 +129,7 @@ OPTIONS = {"samples": "3", "per_source": "1"}
 
 @pytest.fixture(scope="module")
 def full_run(lm: ContinuousLM, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     return run("linearity", options=OPTIONS, lm=lm, model="tiny-llama", out=tmp_path_factory.mktemp("lin") / "run")
 
@@ -152,7 +152,7 @@ def test_a_run_writes_paths_tables_summary_and_figures(full_run: Path) -> None:
 
 def test_resume_recomputes_the_lost_path_bit_for_bit_and_another_seed_moves_only_the_baseline(
         lm: ContinuousLM, full_run: Path, tmp_path: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     out = tmp_path / "run"
     shutil.copytree(full_run, out)

@@ -288,7 +288,7 @@ def test_written_entry_is_valid_and_loads(tmp_path: Path) -> None:
 
 
 def test_every_file_of_an_entry_gets_the_same_mode(tmp_path: Path) -> None:
-    from contllm.files import file_mode
+    from contllm.rundir.files import file_mode
 
     entry = _entry(tmp_path)
     modes = {p.name: p.stat().st_mode & 0o777 for p in entry.iterdir()}
@@ -838,7 +838,7 @@ def test_contllm_models_lists_every_alias_with_sizes_and_install_commands(
 ) -> None:
     from typer.testing import CliRunner
 
-    from contllm.cli import app
+    from contllm.cli.commands import app
 
     monkeypatch.setattr(catalog, "find_spec", lambda name: None)
     result = CliRunner().invoke(app, ["models", "--cache-dir", str(tmp_path)])
@@ -857,7 +857,7 @@ def test_run_with_a_corrupted_part_is_one_line_exit_2_and_writes_nothing(
 ) -> None:
     from typer.testing import CliRunner
 
-    from contllm.cli import app
+    from contllm.cli.commands import app
 
     part = _part(chunked_alias, 1)
     part.write_bytes(b"X" + part.read_bytes()[1:])

@@ -1,4 +1,4 @@
-"""One forward: only contllm.forward builds the continuous mask and calls the stock model on continuous inputs."""
+"""One forward: only contllm.core.forward builds the continuous mask and calls the stock model on continuous inputs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "contllm"
 
 #: The module that builds the stock model's continuous inputs and calls it.
-FORWARD = PACKAGE / "forward.py"
+FORWARD = PACKAGE / "core" / "forward.py"
 #: Where model_masks is defined.
-MASKS = PACKAGE / "attention.py"
+MASKS = PACKAGE / "core" / "attention.py"
 #: Keywords of a stock forward that carry a continuous input.
 CONTINUOUS = {"inputs_embeds", "attention_mask", "position_ids"}
 
@@ -44,7 +44,7 @@ def test_only_the_forward_module_builds_masks_and_calls_the_model_on_continuous_
 
 
 def test_the_check_sees_what_it_looks_for(tmp_path: Path) -> None:
-    # The patterns the check exists for, in a file outside contllm.forward.
+    # The patterns the check exists for, in a file outside contllm.core.forward.
     sample = tmp_path / "sample.py"
     sample.write_text(
         "mask = model_masks(family, config, t, t, d, dtype=None, device='cpu')\n"

@@ -1,4 +1,4 @@
-"""One hook installer: only contllm.hooks registers hooks on modules or patches them; each patch is undone."""
+"""One hook installer: only contllm.internals.hooks registers hooks on modules or patches them; each patch is undone."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from contllm.hooks import input_hook, output_hook, replaced_forward, replaced_module, replaced_parameter
+from contllm.internals.hooks import input_hook, output_hook, replaced_forward, replaced_module, replaced_parameter
 
 PACKAGE = Path(__file__).resolve().parents[2] / "contllm"
 
 #: The raw-layer API: the one module that registers hooks on a module and patches modules.
-RAW = PACKAGE / "hooks.py"
+RAW = PACKAGE / "internals" / "hooks.py"
 REGISTERING = {"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook"}
 
 

@@ -13,7 +13,7 @@ import contllm
 from contllm import ContinuousLM
 from contllm.errors import ExperimentError, MissingDependencyError, RunDirectoryError
 from contllm.experiments.counting import CountingConfig
-from contllm.outputs import RUN_COLUMNS, to_pandas
+from contllm.rundir.outputs import RUN_COLUMNS, to_pandas
 from tests.unit.test_sums import digit_tokenizer
 from tests.unit.tiny import tiny_model
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.unit
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """Two real counting runs of two tiny models (different weights), two items, three factors each."""
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     root = tmp_path_factory.mktemp("runs")
     config = CountingConfig(samples=3, low=0.5, high=1.5)

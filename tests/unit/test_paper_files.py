@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from contllm import registry
-from contllm.cli import app
+from contllm.cli.commands import app
 
 pytestmark = pytest.mark.unit
 

@@ -147,7 +147,7 @@ def test_changing_a_token_leaves_earlier_times_exactly_unchanged(family: str, im
 def test_windows_follow_time(family: str) -> None:
     """A key leaves a sliding layer's window when the time between it and the query reaches the window."""
     lm = lm_for(family, "eager")
-    from contllm.attention import model_masks
+    from contllm.core.attention import model_masks
 
     times = torch.tensor([[0.0, 1.0, 2.5, 3.9, 4.0, 6.5]], dtype=torch.float64)
     durations = torch.ones_like(times)

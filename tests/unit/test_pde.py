@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from contllm import ContinuousLM, ContllmError, Signal
-from contllm.hooks import cache_keyword
+from contllm.internals.hooks import cache_keyword
 from contllm.pde import (
     AttentionRecorder,
     Dynamics,
@@ -481,7 +481,7 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_takes() -> None:
 
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    from contllm.hooks import CACHE_KEYWORDS, cache_of
+    from contllm.internals.hooks import CACHE_KEYWORDS, cache_of
 
     model = tiny_model("llama")
     name = cache_keyword(model)

@@ -13,13 +13,13 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
-from contllm.files import csv_text
-from contllm.outputs import result_tables
 from contllm.pde import EXPERIMENT, PDEConfig, PDEResult, run_pde
 from contllm.pde.experiment import select_prompts, shipped_prompts, shipped_text, step_id
 from contllm.pde.figures import FIGURES
 from contllm.pde.result import CSV_COLUMNS, PROFILE_COLUMNS
-from contllm.runner import context_for
+from contllm.rundir.files import csv_text
+from contllm.rundir.outputs import result_tables
+from contllm.rundir.runner import context_for
 from tests.unit.tiny import VOCAB, tiny_model
 
 pytestmark = pytest.mark.unit
@@ -42,7 +42,7 @@ def lm() -> ContinuousLM:
 
 @pytest.fixture(scope="module")
 def full_run(lm: ContinuousLM, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     out = tmp_path_factory.mktemp("pde") / "run"
     return run("pde", options=OPTIONS, lm=lm, model="tiny-llama", out=out, formats="png,pdf")
@@ -162,7 +162,7 @@ def test_a_run_writes_its_directory(full_run: Path) -> None:
 
 
 def test_resume_skips_every_finished_point(lm: ContinuousLM, full_run: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     stamps = {p.name: p.stat().st_mtime_ns for p in (full_run / "items").glob("*.json")}
     before = PDEResult.load(full_run).records
@@ -172,7 +172,7 @@ def test_resume_skips_every_finished_point(lm: ContinuousLM, full_run: Path) -> 
 
 
 def test_a_resumed_run_recomputes_the_reference_and_lost_points_exactly(lm: ContinuousLM, full_run: Path, tmp_path: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     out = tmp_path / "run"
     shutil.copytree(full_run, out)
@@ -186,7 +186,7 @@ def test_a_resumed_run_recomputes_the_reference_and_lost_points_exactly(lm: Cont
 
 
 def test_a_run_of_some_points_measures_them_as_the_whole_run_does(lm: ContinuousLM, full_run: Path, tmp_path: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     out = run("pde", options=OPTIONS, lm=lm, model="tiny-llama", items="hidden-T0.5", out=tmp_path / "run")
     assert records_of(out) == {"hidden-T0.5": records_of(full_run)["hidden-T0.5"]}
@@ -215,7 +215,7 @@ def test_run_pde_in_python_equals_the_runner(lm: ContinuousLM, full_run: Path) -
 def test_a_scope_outside_the_model_is_refused_before_anything_is_written(
     lm: ContinuousLM, tmp_path: Path, options: dict, needle: str
 ) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     with pytest.raises(ExperimentError, match=re.escape(needle)):
         EXPERIMENT.check(lm, EXPERIMENT.config(options))
@@ -292,7 +292,7 @@ def test_figures_and_the_comparison_are_drawn_from_results(full_run: Path) -> No
 def test_bad_pde_options_give_one_line_and_status_2(args: list[str], needle: str, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from contllm.cli import app
+    from contllm.cli.commands import app
 
     out = tmp_path / "run"
     result = CliRunner().invoke(app, [*args, "--out", str(out)])

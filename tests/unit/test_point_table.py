@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from contllm import ContinuousLM
-from contllm import hookpoints as module
-from contllm.hookpoints import hook_names, point, points
+from contllm.internals import hookpoints as module
+from contllm.internals.hookpoints import hook_names, point, points
 from tests.unit.tiny import tiny_model
 
 pytestmark = pytest.mark.unit
@@ -84,8 +84,8 @@ def test_the_table_does_not_keep_its_model_alive() -> None:
 
 
 def test_the_table_follows_a_position_table_swapped_for_float_times() -> None:
-    from contllm.attention import continuous_positions
-    from contllm.families import family_of
+    from contllm.core.attention import continuous_positions
+    from contllm.core.families import family_of
 
     model = _own("gpt2")
     want = points(model)

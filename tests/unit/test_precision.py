@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from contllm import ContinuousLM
-from contllm.engine import Engine
-from contllm.precision import IMPLEMENTATION, MATMUL_MODULES, float32_attention_forward, float32_state
+from contllm.core.engine import Engine
+from contllm.core.precision import IMPLEMENTATION, MATMUL_MODULES, float32_attention_forward, float32_state
 from tests.unit.test_engine import sweep
 from tests.unit.tiny import FAMILY_NAMES, backends, tiny_model
 
@@ -106,7 +106,7 @@ def test_attention_is_the_models_own_on_float32_inputs(family: str, impl: str) -
     stock_module = next(m for m in stock.modules() if type(m).__name__.endswith("Attention"))
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from contllm.attention import stock_eager
+    from contllm.core.attention import stock_eager
 
     reference_fn = stock_eager(stock_module) if impl == "eager" else ALL_ATTENTION_FUNCTIONS[impl]
     ref, _ = reference_fn(stock_module, q.float(), k.float(), v.float(), mask, scaling=dim**-0.5, dropout=0.0)
@@ -153,7 +153,7 @@ def test_nested_state_is_a_no_op_and_exit_restores_after_an_error() -> None:
 def test_shared_prefix_compares_embeddings_at_the_state_precision() -> None:
     """A nudge below bfloat16's resolution still ends the prefix: the float32 state feeds it."""
     from contllm import Signal
-    from contllm.prefix import shared_prefix_len
+    from contllm.core.prefix import shared_prefix_len
     from tests.unit.tiny import prompt
 
     lm = half_lm("llama", "sdpa")

@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-import contllm.precision as precision
+import contllm.core.precision as precision
 from contllm import ContinuousLM
-from contllm.engine import Engine
+from contllm.core.engine import Engine
+from contllm.core.families import FAMILIES, attention_modules, family_of
+from contllm.core.precision import MATMUL_MODULES, float32_state, projection_modules
 from contllm.errors import UnsupportedModelError
-from contllm.families import FAMILIES, attention_modules, family_of
-from contllm.precision import MATMUL_MODULES, float32_state, projection_modules
 from tests.unit.test_engine import sweep
 from tests.unit.test_precision import half_lm, snapshot
 from tests.unit.tiny import backends

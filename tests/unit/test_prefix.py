@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, Signal
-from contllm.engine import Engine
-from contllm.prefix import IMPLEMENTATION, SharedKeys, shared_prefix_attention
+from contllm.core.engine import Engine
+from contllm.core.prefix import IMPLEMENTATION, SharedKeys, shared_prefix_attention
 from tests.unit.tiny import FAMILY_NAMES, WINDOW, backends, prompt, random_durations, tiny_model, tiny_model64
 
 pytestmark = [pytest.mark.unit, pytest.mark.numerics]

@@ -11,10 +11,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
+from contllm.core.readout import PAPER_YES_NO, containing
 from contllm.data import EventItem
 from contllm.experiments import counting, events, sums, word_interpolation
 from contllm.models import DEFAULT_MODEL
-from contllm.readout import PAPER_YES_NO, containing
 from tests.unit.tiny import tiny_model
 
 pytestmark = pytest.mark.unit
@@ -134,7 +134,7 @@ MULTI_DIGIT = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "12", "20", "20
 
 
 def test_the_papers_digit_sets_take_every_token_containing_the_digit_on_a_multi_digit_vocabulary() -> None:
-    from contllm.readout import PAPER_DIGITS, PAPER_TRUTH, digits, paper_digits
+    from contllm.core.readout import PAPER_DIGITS, PAPER_TRUTH, digits, paper_digits
 
     tok = word_tokenizer(MULTI_DIGIT)
     vocab = tok.get_vocab()
@@ -259,7 +259,7 @@ def test_records_keep_the_prompt_and_the_edited_positions_with_their_text() -> N
 
 
 def test_the_paper_spec_runs_every_experiment_of_the_paper_and_takes_model_items_and_samples() -> None:
-    from contllm.spec import load_spec
+    from contllm.rundir.spec import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[2] / "specs" / "paper.toml", model="gemma3-270m", items="1",
                      samples="5")

@@ -33,16 +33,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from contllm import __version__, schemas
-from contllm.cards import reference
-from contllm.cards.budget import Calibration, Plan, Share
-from contllm.cards.card import Card, Finding, Number, load_card
-from contllm.cli import app
+from contllm import __version__
+from contllm.audits import reference
+from contllm.audits.budget import Calibration, Plan, Share
+from contllm.audits.card import Card, Finding, Number, load_card
+from contllm.cli.commands import app
 from contllm.errors import ContllmError, ExperimentError, RunDirectoryError
 from contllm.experiments import save
-from contllm.files import atomic_write_json, parse_json, read_json
-from contllm.report import load_run
-from contllm.runs import record_name
+from contllm.rundir import schemas
+from contllm.rundir.files import atomic_write_json, parse_json, read_json
+from contllm.rundir.report import load_run
+from contllm.rundir.runs import record_name
 from tests.unit.test_report_unit import counting_result
 
 pytestmark = pytest.mark.unit
@@ -387,7 +388,7 @@ def test_nan_and_infinity_are_refused_naming_the_field(text: str, field: str) ->
 
 def test_every_reader_keeps_its_own_error_type(tmp_path: Path) -> None:
     (tmp_path / "audit.json").write_text('{"model": "m", "protocol": "contllm", "plan": {"spent": "0"}}')
-    from contllm.cards.auditing import read_audit
+    from contllm.audits.run import read_audit
 
     with pytest.raises(RunDirectoryError, match=r"audit.json: plan.spent: expected a finite number >= 0, got the"):
         read_audit(tmp_path)
@@ -397,7 +398,7 @@ def test_every_reader_keeps_its_own_error_type(tmp_path: Path) -> None:
         Card.from_dict(data)
     spec = tmp_path / "spec.toml"
     spec.write_text("[[experiment]]\nname = 'counting'\nrange = [0.1, inf]\n")
-    from contllm.spec import load_spec
+    from contllm.rundir.spec import load_spec
 
     with pytest.raises(ExperimentError, match=r"experiment\[0\].range\[1\]: expected a finite number, got inf"):
         load_spec(spec)
@@ -413,8 +414,8 @@ def test_a_card_may_not_point_outside_its_audit_directory(made: dict[str, Path],
 
 
 def test_the_schemas_take_what_the_writers_write(made: dict[str, Path]) -> None:
-    from contllm.cards.studies import PROTOCOLS
-    from contllm.runs import RunDir
+    from contllm.audits.studies import PROTOCOLS
+    from contllm.rundir.runs import RunDir
 
     assert schemas.PROTOCOLS == PROTOCOLS
     # The objects rebuilt as dataclasses hold exactly their fields (a plan's calibration adds its rate).

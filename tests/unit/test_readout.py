@@ -8,7 +8,7 @@ import pytest
 import transformers as tf
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from contllm import readout
+from contllm.core import readout
 
 pytestmark = pytest.mark.unit
 

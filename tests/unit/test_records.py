@@ -18,7 +18,7 @@ import pytest
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Metric, option_table
 from contllm.experiments.records import IntArray, ItemRecords, Record, RecordList, Records
-from contllm.files import jsonable
+from contllm.rundir.files import jsonable
 
 pytestmark = pytest.mark.unit
 

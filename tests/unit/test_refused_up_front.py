@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from contllm import files
-from contllm.cli import app
+from contllm.cli.commands import app
 from contllm.errors import RunDirectoryError
-from contllm.runs import RunDir
+from contllm.rundir import files
+from contllm.rundir.runs import RunDir
 from tests.unit.test_cli_startup import probe
 from tests.unit.test_report_unit import counting_result, fake_run
 
@@ -61,7 +61,7 @@ def test_a_budget_in_digits_of_other_scripts_is_refused(budget: str, tmp_path: P
 
 @pytest.mark.parametrize("budget", ["٣m", "３m", "1٠s"])
 def test_the_budget_parser_takes_ascii_digits_only(budget: str) -> None:
-    from contllm.cards.budget import parse_budget
+    from contllm.audits.budget import parse_budget
     from contllm.errors import ExperimentError
 
     assert parse_budget("3m") == 180.0 and parse_budget("1m30s") == 90.0
@@ -70,7 +70,7 @@ def test_the_budget_parser_takes_ascii_digits_only(budget: str) -> None:
 
 
 def test_a_character_span_in_digits_of_other_scripts_is_no_span() -> None:
-    from contllm.generate_cli import _SPAN
+    from contllm.cli.generate import _SPAN
 
     assert _SPAN.match("3:5") and not _SPAN.match("٣:٥") and not _SPAN.match("３:５")
 
@@ -141,7 +141,7 @@ def test_a_model_cache_where_nothing_can_be_made_is_refused_before_the_model_loa
 
 
 def test_a_usable_cache_passes_the_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from contllm.cli_index import check_cache
+    from contllm.cli.index import check_cache
     from contllm.errors import ModelLoadError
 
     monkeypatch.setenv("CONTLLM_CACHE", str(tmp_path / "new" / "cache"))
@@ -170,7 +170,7 @@ def test_an_audit_resume_with_nothing_to_resume_is_refused(exists: bool, tmp_pat
 
 
 def test_an_audit_directory_another_process_holds_is_refused_before_the_model_loads(tmp_path: Path) -> None:
-    from contllm.runs import Reservation
+    from contllm.rundir.runs import Reservation
 
     out = tmp_path / "audit"
     held = Reservation(out)
@@ -195,7 +195,7 @@ def test_a_run_resumed_while_another_process_holds_it_is_refused_before_the_mode
 
 
 def test_a_run_reserves_its_directory_before_the_model_loads_and_leaves_nothing_when_refused(tmp_path: Path) -> None:
-    from contllm.runs import Reservation
+    from contllm.rundir.runs import Reservation
 
     out = tmp_path / "deep" / "run"
     first = RunDir(out, {"experiment": "counting"}).reserve()
@@ -248,7 +248,7 @@ def _cache_entry(path: Path) -> Path:
 
 @pytest.mark.parametrize("mode", ["--force", "--resume", None])
 def test_a_model_cache_entry_is_no_run(mode: str | None, tmp_path: Path) -> None:
-    from contllm.runs import is_run_dir
+    from contllm.rundir.runs import is_run_dir
 
     entry = _cache_entry(tmp_path / "cache" / "smollm2-135m")
     before = {p: p.read_bytes() for p in entry.iterdir()}
@@ -261,7 +261,7 @@ def test_a_model_cache_entry_is_no_run(mode: str | None, tmp_path: Path) -> None
 
 
 def test_a_run_is_recognised_by_its_manifest_or_its_items(tmp_path: Path) -> None:
-    from contllm.runs import is_run_dir
+    from contllm.rundir.runs import is_run_dir
 
     with RunDir(tmp_path / "run", {"experiment": "counting"}):
         pass

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from contllm import registry
-from contllm.cli import app
+from contllm.cli.commands import app
 from contllm.errors import ExperimentError
 from contllm.experiments.timeline import SCALING
 

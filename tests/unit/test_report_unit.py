@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from contllm.cli import app
+from contllm.cli.commands import app
 from contllm.errors import RunDirectoryError
 from contllm.experiments import save
 from contllm.experiments.sweeps import ExperimentResult, Sweep
-from contllm.report import REPORT_FILES, write_report
+from contllm.rundir.report import REPORT_FILES, write_report
 
 pytestmark = pytest.mark.unit
 
@@ -171,7 +171,7 @@ def test_range_without_factor_one_gives_na(tmp_path: Path) -> None:
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "n/a" in md
     # The same model twice: the legend tells the runs apart by directory.
-    from contllm.report import load_runs
+    from contllm.rundir.report import load_runs
 
     assert [r.label for r in load_runs(runs)] == ["m (a)", "m (b)"]
 
@@ -192,7 +192,7 @@ def test_no_runs() -> None:
 
 def test_runs_are_ordered_by_each_metrics_declared_direction(tmp_path: Path) -> None:
     from contllm import registry
-    from contllm.report import load_runs, ranked
+    from contllm.rundir.report import load_runs, ranked
 
     x = np.linspace(0.1, 1.0, 4)
     off = counting_result("off-by-one", x)
@@ -218,7 +218,7 @@ def test_runs_are_ordered_by_each_metrics_declared_direction(tmp_path: Path) -> 
 
 
 def test_a_number_the_experiment_describes_a_run_by_is_one_column(two_counting_runs: list[Path]) -> None:
-    from contllm.report import load_runs, table
+    from contllm.rundir.report import load_runs, table
 
     for run in two_counting_runs:  # a summary that also carries the samples (as patching's carries its factor)
         summary = json.loads((run / "summary.json").read_text())

@@ -10,7 +10,7 @@ import pytest
 
 from contllm import ContinuousLM
 from contllm.experiments.counting import CountingConfig
-from contllm.runner import in_notebook, run_experiment
+from contllm.rundir.runner import in_notebook, run_experiment
 from tests.unit.test_hostile_data import counting_rows
 from tests.unit.test_sums import digit_tokenizer
 from tests.unit.tiny import tiny_model

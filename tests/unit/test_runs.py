@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from contllm.errors import RunDirectoryError
-from contllm.runs import LOCK, RunDir
+from contllm.rundir.runs import LOCK, RunDir
 
 pytestmark = pytest.mark.unit
 
@@ -55,7 +55,7 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path: Pat
         RunDir(out, config(), resume=True)
     # Another process is refused too, and says whose lock it is.
     probe = (
-        "import sys; from contllm.runs import RunDir; from contllm.errors import RunDirectoryError\n"
+        "import sys; from contllm.rundir.runs import RunDir; from contllm.errors import RunDirectoryError\n"
         "try:\n    RunDir(sys.argv[1], {'experiment': 'counting', 'model': 'm', 'items': None, 'seed': 0, 'options': {}}, resume=True)\n"
         "except RunDirectoryError as exc:\n    print(exc)\n"
     )
@@ -90,7 +90,7 @@ def test_the_manifest_names_the_host_only_when_asked(monkeypatch: pytest.MonkeyP
 
     import torch
 
-    from contllm.runs import base_manifest
+    from contllm.rundir.runs import base_manifest
 
     lm = SimpleNamespace(
         info=SimpleNamespace(sha256="0" * 64, source=""), model=SimpleNamespace(config=SimpleNamespace(model_type="llama")),
@@ -104,7 +104,7 @@ def test_the_manifest_names_the_host_only_when_asked(monkeypatch: pytest.MonkeyP
 
 
 def test_launch_messages_are_json_never_pickles() -> None:
-    from contllm.distributed import _from_bytes, _to_bytes
+    from contllm.rundir.distributed import _from_bytes, _to_bytes
 
     message = {"pending": ["count-001", "count-002"], "rank": 1}
     assert _to_bytes(message) == json.dumps(message).encode() and _from_bytes(_to_bytes(message)) == message
@@ -167,7 +167,7 @@ def test_a_record_under_another_items_name_is_not_trusted(tmp_path: Path) -> Non
 
 
 def test_force_removes_only_what_the_toolkit_wrote(tmp_path: Path) -> None:
-    from contllm.files import atomic_write_json
+    from contllm.rundir.files import atomic_write_json
 
     out = tmp_path / "run"
     with RunDir(out, config()) as run:
@@ -210,7 +210,7 @@ def test_a_resume_names_the_option_that_differs_and_takes_the_same_data_under_an
 def test_run_files_get_the_mode_of_any_new_file(tmp_path: Path) -> None:
     import os
 
-    from contllm.files import atomic_write_text, file_mode
+    from contllm.rundir.files import atomic_write_text, file_mode
 
     mask = os.umask(0o022)
     os.umask(mask)

@@ -55,7 +55,7 @@ def test_settings_that_do_not_apply_to_the_experiment_are_refused() -> None:
 def test_the_group_budget_is_recorded_and_a_resume_under_another_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     lm = ContinuousLM(tiny_model("llama"), digit_tokenizer())
     config = CountingConfig(samples=2, low=0.5)
@@ -74,8 +74,8 @@ def test_the_group_budget_is_recorded_and_a_resume_under_another_is_refused(
 
 
 def test_python_cli_and_specs_build_the_same_settings(tmp_path: Path) -> None:
-    from contllm.runner import check_run
-    from contllm.spec import load_spec
+    from contllm.rundir.runner import check_run
+    from contllm.rundir.spec import load_spec
 
     spec = tmp_path / "spec.toml"
     spec.write_text('models = ["m"]\nseed = 3\n[[experiment]]\nname = "counting"\nitems = 2\nsamples = 2\n')
@@ -102,7 +102,7 @@ def test_seeds_and_counts_past_what_a_run_can_use_are_refused(values: dict, need
 
 
 def test_a_count_is_recorded_in_its_plain_spelling_so_a_resume_accepts_either(tmp_path: Path) -> None:
-    from contllm.runs import RunDir
+    from contllm.rundir.runs import RunDir
 
     assert RunSettings(items="02").recorded() == RunSettings(items=2).recorded() == RunSettings(items=" 2").recorded()
     config = {"experiment": "counting", **RunSettings(items="2").recorded(), "options": {}}
@@ -114,7 +114,7 @@ def test_a_count_is_recorded_in_its_plain_spelling_so_a_resume_accepts_either(tm
 
 
 def test_an_id_that_holds_a_comma_can_be_selected(tmp_path: Path) -> None:
-    from contllm.runner import check_run
+    from contllm.rundir.runner import check_run
 
     data = tmp_path / "items.json"
     data.write_text(json.dumps([{"word": "apple", "n": 3, "id": "a,b"}, {"word": "pear", "n": 2, "id": "c"}]))

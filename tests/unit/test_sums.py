@@ -14,7 +14,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
-from contllm.engine import Engine
+from contllm.core.engine import Engine
+from contllm.core.readout import digits
+from contllm.core.signal import Signal
 from contllm.experiments.sums import (
     EXPERIMENT,
     SHOTS,
@@ -26,8 +28,6 @@ from contllm.experiments.sums import (
     render_item,
     run_item,
 )
-from contllm.readout import digits
-from contllm.signal import Signal
 from tests.unit.tiny import tiny_model64
 
 pytestmark = pytest.mark.unit
@@ -52,7 +52,7 @@ def lm64() -> ContinuousLM:
 
 @pytest.fixture(scope="module")
 def full_run(lm64: ContinuousLM, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     return run("sums", options=OPTIONS, lm=lm64, model="tiny-llama", items="2",
                out=tmp_path_factory.mktemp("sums") / "run")
@@ -227,7 +227,7 @@ def test_a_run_writes_records_tables_summary_and_figures(full_run: Path) -> None
 
 
 def test_resume_recomputes_only_the_lost_problem_exactly(lm64: ContinuousLM, full_run: Path, tmp_path: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     out = tmp_path / "run"
     shutil.copytree(full_run, out)

@@ -9,8 +9,8 @@ import torch
 import transformers as tf
 
 from contllm import ContinuousLM, Signal, SignalError
-from contllm.engine import ORIGIN_STEP, Engine, time_origin
-from contllm.families import family_of, relative_positions
+from contllm.core.engine import ORIGIN_STEP, Engine, time_origin
+from contllm.core.families import family_of, relative_positions
 from tests.unit.tiny import prompt, random_durations, tiny_model, tiny_model64
 
 pytestmark = [pytest.mark.unit, pytest.mark.numerics]
@@ -132,7 +132,7 @@ def test_a_model_with_absolute_positions_refuses_a_moved_origin() -> None:
     signals = flat_sweep(40.0, steps=3)  # within the tiny GPT-2's 64 positions
     # The engine leaves the origin at 0 on it: moving or not gives the same logits exactly.
     assert torch.equal(Engine(lm).logits(signals), Engine(lm, move_origin=False).logits(signals))
-    from contllm.signal import pad_signals
+    from contllm.core.signal import pad_signals
 
     with lm.patched(), pytest.raises(SignalError, match="absolute positions"):
         lm.forward_batch(pad_signals(signals), origin=16.0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, ExperimentError, registry
-from contllm.engine import Engine
+from contllm.core.engine import Engine
 from contllm.experiments import run_experiment, summarize
 from contllm.experiments.timeline import SCALING, TOLERANCE, TRANSLATION, scaled, translated
 from tests.unit.test_tokens_experiment import word_tokenizer
@@ -48,7 +48,7 @@ def test_both_are_registered_and_read_the_prompts_of_the_tokens_dataset() -> Non
 
 def test_the_whole_time_axis_is_scaled_or_shifted() -> None:
     tok = tokenizer()
-    from contllm.signal import Signal
+    from contllm.core.signal import Signal
 
     base = Signal.from_text(tok, PROMPTS[0]["prompt"])
     stock = base.times
@@ -121,7 +121,7 @@ def test_scaling_at_s_1_is_the_stock_model_and_small_s_moves_the_output(data: Pa
 
 def test_a_translation_run_writes_its_files_and_compares(data: Path, tmp_path: Path) -> None:
     from contllm.plotting import plt
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     lm = ContinuousLM(tiny_model("llama"), tokenizer())
     out = run("translation", options={"data": str(data), "samples": "3", "range": "0,2"}, lm=lm, model="tiny-llama",

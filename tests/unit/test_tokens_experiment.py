@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
-from contllm.engine import Engine
+from contllm.core.engine import Engine
 from contllm.experiments import run_experiment, summarize
 from contllm.experiments.tokens import EXPERIMENT, TokensConfig
 from contllm.experiments.tracking import Track, TrackResult, load_items, track
@@ -62,7 +62,7 @@ def lm64() -> ContinuousLM:
 
 @pytest.fixture(scope="module")
 def full_run(lm: ContinuousLM, data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     return run("tokens", options={**OPTIONS, "data": str(data)}, lm=lm, model="tiny-llama",
                out=tmp_path_factory.mktemp("tokens") / "run")
@@ -159,7 +159,7 @@ def test_a_malformed_data_row_names_file_row_and_field(row: dict[str, str], need
 
 
 def test_an_edit_the_tokenizer_cannot_build_is_refused_before_anything_is_written(lm: ContinuousLM, tmp_path: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     # "-Spain" glues its dash to the one before the span: the two prompts then differ outside the span.
     path = tmp_path / "glued.csv"
@@ -184,7 +184,7 @@ def test_a_run_writes_tracks_tables_summary_and_figures(full_run: Path) -> None:
 
 
 def test_resume_recomputes_only_the_lost_item_bitwise(lm: ContinuousLM, data: Path, full_run: Path, tmp_path: Path) -> None:
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     out = tmp_path / "run"
     shutil.copytree(full_run, out)
@@ -212,9 +212,9 @@ def test_the_comparison_and_report_columns(full_run: Path) -> None:
 def test_resume_with_a_changed_data_file_is_refused_in_one_line(lm: ContinuousLM, data: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from contllm.cli import app
+    from contllm.cli.commands import app
     from contllm.data.user import file_sha256
-    from contllm.runner import run
+    from contllm.rundir.runner import run
 
     path = tmp_path / "items.json"
     shutil.copy(data, path)

@@ -18,7 +18,7 @@ import torch
 import transformers as tf
 
 from contllm import ContinuousLM, Signal
-from contllm.hookpoints import hook_names
+from contllm.internals.hookpoints import hook_names
 from tests.unit.tiny import COMMON, VOCAB, prompt, tiny_model
 
 bridge_module = pytest.importorskip("transformer_lens.model_bridge", reason="pip install 'contllm[tl]'")

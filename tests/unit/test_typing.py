@@ -24,15 +24,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: Modules that mypy checks with every error code.
 CLEAN = (
-    "contllm.activations",
+    "contllm.internals.activations",
     "contllm.data.user",
     "contllm.experiments.options",
     "contllm.experiments.prompts",
-    "contllm.outputs",
-    "contllm.readout",
-    "contllm.report",
-    "contllm.runs",
-    "contllm.spec",
+    "contllm.rundir.outputs",
+    "contllm.core.readout",
+    "contllm.rundir.report",
+    "contllm.rundir.runs",
+    "contllm.rundir.spec",
     # the experiments (issue 26: Experiment[RecordT, ResultT], records through contllm.experiments.records)
     "contllm.depth.experiment",
     "contllm.experiments.attention_mass",
@@ -91,8 +91,8 @@ def test_clean_module_exists(module: str) -> None:
 
 
 def test_covers() -> None:
-    assert _covers("contllm.spec", "contllm.spec")
-    assert not _covers("contllm.spec", "contllm.specs")
-    assert _covers("contllm.*", "contllm.spec")
+    assert _covers("contllm.rundir.spec", "contllm.rundir.spec")
+    assert not _covers("contllm.rundir.spec", "contllm.specs")
+    assert _covers("contllm.*", "contllm.rundir.spec")
     assert _covers("contllm.experiments.*", "contllm.experiments")
     assert not _covers("contllm.experiments.*", "contllm.experimental")

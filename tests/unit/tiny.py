@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 import transformers as tf
 
-from contllm.families import FAMILIES
+from contllm.core.families import FAMILIES
 
 VOCAB = 97
 WINDOW = 4  # shorter than the test prompts, so windows really cut
@@ -56,7 +56,7 @@ def _gemma3() -> tf.PretrainedConfig:
     )
 
 
-#: One tiny config builder per family of contllm.families.FAMILIES (keyed by Family.name);
+#: One tiny config builder per family of contllm.core.families.FAMILIES (keyed by Family.name);
 #: tests/unit/test_families.py fails when a family has none.
 CONFIGS: dict[str, Callable[[], tf.PretrainedConfig]] = {
     "llama": lambda: tf.LlamaConfig(**COMMON),

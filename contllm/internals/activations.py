@@ -1,0 +1,388 @@
+"""Running signals with hooks: read activations (:func:`run_with_cache`), edit them (:func:`run_with_hooks`, :func:`patch`).
+
+The activation names are TransformerLens's, resolved through the family table
+(:mod:`contllm.internals.hookpoints` lists them with their shapes); hooks are installed and removed
+by :func:`contllm.internals.intervention.hooks`, the one place that does it. Every call runs one
+padded forward of the whole batch (:func:`contllm.pad_signals`, left padding) through
+:func:`contllm.core.forward.forward_batch` inside the
+engine's evaluation context, the forward ``lm.logits`` runs; the engine's shared prefix is
+not used here, since the hooks must see every position of every signal. Split very large
+batches yourself.
+
+A cache keeps, per signal and name, the values at the read positions (k of them, out of
+the signal's ``tokens``): [k, *shape] for the per-position points ([k, hidden] for the
+residual stream, [k, heads, head_dim] for ``attn.hook_z``, ...), and [heads, k, tokens] for
+``attn.hook_pattern``, ``hook_attn_scores`` and ``hook_duration_bias`` (queries at the read
+positions, keys over the whole signal, padding removed). The pattern is the continuous
+attention's: the softmax of the scores plus the log-duration bias and the time mask, so
+padding and keys later in time get probability 0 and a key of duration d weighs as d
+tokens; keys are in token order (time order for a signal whose times increase).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from contllm.core.engine import Positions, check_inputs, check_signals, evaluation, normalize_positions, read_indices
+from contllm.core.forward import forward_batch
+from contllm.core.signal import Signal, SignalBatch, pad_signals
+from contllm.errors import SignalError
+from contllm.internals.activation_cache import ActivationCache
+from contllm.internals.hookpoints import Point, hook_names, point, resolve_names
+from contllm.internals.intervention import Hook, HookFn, hooks
+
+if TYPE_CHECKING:  # only in annotations, which are strings at run time
+    from typing_extensions import TypeIs
+
+__all__ = [
+    "ActivationCache",
+    "Patch",
+    "activation_names",
+    "align_positions",
+    "patch",
+    "recording",
+    "run_with_cache",
+    "run_with_hooks",
+]
+
+
+def activation_names(lm: Any) -> list[str]:
+    """Every activation name of ``lm`` (a ContinuousLM or a transformers model), in forward order (:mod:`contllm.internals.hookpoints`)."""
+    return hook_names(lm)
+
+
+def _columns(batch: SignalBatch, reads: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """The padded batch's column of each read token index, per row (left padding)."""
+    return [int(batch.pad_left[b]) + torch.tensor(list(r), dtype=torch.long) for b, r in enumerate(reads)]
+
+
+def forward_reads(lm: Any, batch: SignalBatch, reads: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """One forward of a padded batch (inside an evaluation context): logits [k_i, vocab] per row at its read positions.
+
+    Only the read columns go through the vocabulary projection. float32 on the CPU; with
+    gradients enabled the result stays in the autograd graph.
+    """
+    columns = _columns(batch, reads)
+    kept = sorted({int(c) for row in columns for c in row})
+    logits, _ = forward_batch(lm, batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
+    at = {c: i for i, c in enumerate(kept)}
+    return [logits[b, [at[int(c)] for c in columns[b]]].float().cpu() for b in range(len(batch))]
+
+
+def differentiable_batch(lm: Any, signals: Sequence[Signal], *, durations: bool = False) -> SignalBatch:
+    """``signals`` left-padded, with input embeddings (and, with ``durations``, durations) that are autograd leaves.
+
+    The embeddings are the model's own ([batch, width, hidden], zero padding, float32 at
+    least) and require gradients, so that a forward records its graph; the times follow the
+    durations (t = start + cumulative sum) for signals whose times are not explicit, so that
+    a duration's gradient includes the times it moves.
+    """
+    batch = pad_signals(list(signals))
+    rows = lm.embed(list(signals))
+    dtype = torch.promote_types(lm.dtype, torch.float32)
+    embeds = torch.zeros(len(batch), batch.width, rows[0].shape[-1], dtype=dtype)
+    for b, e in enumerate(rows):
+        embeds[b, int(batch.pad_left[b]) :] = e.detach().to(device="cpu", dtype=dtype)
+    lengths = batch.durations.clone().requires_grad_(durations)
+    times = []
+    for b, s in enumerate(signals):
+        pad = int(batch.pad_left[b])
+        if s.explicit_times is not None:
+            times.append(batch.times[b])
+        else:
+            start = torch.full((pad,), s.start, dtype=lengths.dtype)
+            times.append(torch.cat([start, s.start + torch.cumsum(lengths[b, pad:], dim=0)]))
+    return replace(
+        batch,
+        durations=lengths,
+        times=torch.stack(times),
+        embeds=embeds.requires_grad_(True),
+        has_embeds=torch.ones(len(batch), dtype=torch.bool),
+    )
+
+
+def shaped(rows: list[torch.Tensor], positions: Positions) -> torch.Tensor | list[torch.Tensor]:
+    """Per-signal logits [k, vocab] shaped as ``lm.logits`` returns them for ``positions``."""
+    wanted = normalize_positions(positions)
+    if wanted == "all":
+        return rows
+    stacked = torch.stack(rows)
+    return stacked[:, 0] if wanted == "last" or isinstance(wanted, int) else stacked
+
+
+def run_with_cache(
+    lm: Any,
+    signals: Signal | Sequence[Signal],
+    *,
+    names: Any = None,
+    positions: Positions = "all",
+) -> ActivationCache:
+    """Run ``signals`` through ``lm`` (a ContinuousLM) once and keep the named activations at the read positions.
+
+    names: activation names (:mod:`contllm.internals.hookpoints`), short forms (``("resid_post", 5)``)
+        or predicates ``fn(name) -> bool``, one or a list; None keeps every one. Only these
+        are hooked, and each keeps only the read positions.
+    positions: "all" (every token), "last", a token index or a list of token indices
+        (negative from each signal's end), as for ``lm.logits``.
+    Returns an :class:`~contllm.internals.activation_cache.ActivationCache`: one tensor per signal and
+    name, float32 on the CPU, with each read position's time and logits.
+
+    Hooks of an enclosing :func:`contllm.internals.intervention.hooks` (or :func:`patch`) context made
+    for the same signals apply. Attention points run the hooked eager attention function
+    on the layers they read (same logits to float rounding); a forward without them keeps
+    the model's own attention. Raises SignalError for an unknown name, a bad position, or a
+    signal ``lm.logits`` would refuse.
+    """
+    items = check_signals(signals, single_ok=True)
+    wanted = hook_names(lm) if names is None else _names(lm, names)
+    reads = read_indices(items, positions)
+    check_inputs(lm, items, reads)
+    batch = pad_signals(items)
+    with recording(lm, items, wanted, reads) as stored, evaluation(lm):
+        rows = forward_reads(lm, batch, reads)
+    times = [s.times[r] for s, r in zip(items, reads)]
+    return ActivationCache(stored, reads, times, rows, lm)
+
+
+def _names(lm: Any, names: Any) -> list[str]:
+    if isinstance(names, (list, tuple)) and not names:
+        raise SignalError(
+            "names is an empty list; give activation names (see contllm.internals.activations.activation_names)"
+        )
+    return resolve_names(lm, names)
+
+
+def run_with_hooks(
+    lm: Any,
+    signals: Signal | Sequence[Signal],
+    *,
+    fwd_hooks: Any = (),
+    bwd_hooks: Any = (),
+    positions: Positions = "last",
+    grad: bool = False,
+) -> torch.Tensor | list[torch.Tensor]:
+    """Logits of ``signals`` with hook functions at named activations, for this one forward.
+
+    fwd_hooks: (target, fn) pairs; target an activation name, a short form
+        (``("resid_post", 5)``), a predicate ``fn(name) -> bool`` or a list of them; fn
+        ``(activation, hook) -> replacement or None`` gets the whole padded batch's values
+        (:mod:`contllm.internals.hookpoints` lists their shapes) and a :class:`~contllm.internals.intervention.Hook`
+        (its name, layer, and the batch's times and durations per column).
+    bwd_hooks: (target, fn) pairs with fn(grad, hook) -> replacement or None, run when a
+        gradient passes through the activation (call ``.backward()`` on the returned logits).
+    positions: as for ``lm.logits``; the result has its shapes (float32, CPU).
+    grad: keep the autograd graph (implied by bwd_hooks); off by default, so evaluation runs
+        in inference mode as ``lm.logits`` does. The model's parameters take no gradients.
+
+    Every hook is removed when the call returns or raises. UnsupportedModelError when the
+    forward never reached a hooked name; SignalError for an unknown name, a bad position,
+    hooks that are not a list of (target, fn) pairs, a target that is no name or predicate,
+    a hook function returning anything but None or a float tensor of the value's shape
+    (:func:`contllm.internals.intervention.replacement`), or a signal ``lm.logits`` would refuse.
+    """
+    single = isinstance(signals, Signal)
+    items = check_signals(signals, single_ok=True)
+    reads = read_indices(items, positions)
+    check_inputs(lm, items, reads)
+    keep = bool(grad) or bool(bwd_hooks)
+    batch = differentiable_batch(lm, items) if keep else pad_signals(items)
+    with hooks(lm, items, fwd_hooks, bwd_hooks) as state, evaluation(lm, grad=keep):
+        rows = forward_reads(lm, batch, reads)
+    state.check_reached()
+    out = shaped(rows, positions)
+    return out[0] if single else out
+
+
+@contextmanager
+def recording(
+    lm: Any, signals: Sequence[Signal], names: Sequence[str], reads: Sequence[Sequence[int]]
+) -> Iterator[dict[str, list[torch.Tensor]]]:
+    """Keep the named activations of the forward run inside the context: yields {name: one tensor per signal}.
+
+    The forward must be of ``signals`` left-padded by :func:`contllm.pad_signals` (the
+    batch :func:`run_with_cache` runs, or their tails after a shared prefix); ``reads``
+    holds the token indices kept of each signal. The dict is filled on exit, in the order of
+    ``names``, with the values the module docstring describes (float32, CPU).
+    UnsupportedModelError when the forward never reached a name; hooks are removed on exit,
+    also when the body raises.
+    """
+    batch = pad_signals(list(signals))
+    columns = _columns(batch, reads)
+    starts = [int(p) for p in batch.pad_left]
+    stored: dict[str, list[torch.Tensor]] = {}
+
+    def keep(p: Point) -> HookFn:
+        def fn(h: torch.Tensor, hook: Hook) -> None:
+            h = h.detach()
+            if p.axis == "pattern":
+                stored[p.name] = [h[b][:, columns[b].to(h.device), starts[b] :].float().cpu() for b in range(len(h))]
+            else:
+                stored[p.name] = [h[b, columns[b].to(h.device)].float().cpu() for b in range(len(h))]
+
+        return fn
+
+    found: dict[str, list[torch.Tensor]] = {}
+    with hooks(lm, list(signals), [(name, keep(point(lm, name))) for name in names]) as state:
+        yield found
+    state.check_reached()
+    found.update((name, stored[name]) for name in names)
+
+
+# ---------------------------------------------------------------------- patching
+
+
+@dataclass(frozen=True)
+class Patch:
+    """New values for one named activation at chosen positions of each signal.
+
+    name: a per-position activation name (not a pattern, score or duration bias: edit those
+        with a hook function, :func:`run_with_hooks`).
+    positions: token indices, one list per signal (or one list for every signal);
+        negative counts from a signal's end.
+    values: one tensor per signal, [k_i, *shape] (k_i = len(positions_i), shape the
+        point's own: [hidden] for the residual stream, [heads, head_dim] for
+        ``attn.hook_z``), or a tensor [batch, k, *shape] (or [k, *shape] for every signal);
+        e.g. ``cache.rows(name)`` of another run, picked with :func:`align_positions` when
+        token counts differ.
+    mode: "replace" the activation there, or "add" to it.
+    """
+
+    name: str
+    positions: Sequence[int] | Sequence[Sequence[int]]
+    values: torch.Tensor | Sequence[torch.Tensor]
+    mode: Literal["replace", "add"] = "replace"
+
+
+def _one_list_per_signal(positions: Sequence[int] | Sequence[Sequence[int]]) -> TypeIs[Sequence[Sequence[int]]]:
+    """Whether ``positions`` is a list of position lists (one per signal) rather than one list for every signal."""
+    given = list(positions)
+    return bool(given) and all(isinstance(p, Sequence) and not isinstance(p, str) for p in given)
+
+
+def _patch_rows(item: Patch, signals: Sequence[Signal], shape: tuple[int, ...]) -> list[tuple[list[int], torch.Tensor]]:
+    """(token indices, values [k, *shape]) per signal of ``item``; SignalError naming what does not fit."""
+    count = len(signals)
+    positions = item.positions
+    if _one_list_per_signal(positions):
+        if len(positions) != count:
+            raise SignalError(f"{item.name}: {len(positions)} position lists for {count} signals")
+        per_signal = [list(p) for p in positions]
+    else:
+        per_signal = [list(positions)] * count
+    values = item.values
+    trailing = ", ".join(str(s) for s in shape)
+    if isinstance(values, torch.Tensor):
+        if values.ndim == len(shape) + 1:
+            values = [values] * count
+        elif values.ndim == len(shape) + 2 and values.shape[0] == count:
+            values = list(values)
+        else:
+            raise SignalError(
+                f"{item.name}: values of shape {tuple(values.shape)}; give [k, {trailing}], [{count}, k, {trailing}] "
+                f"or one [k, {trailing}] tensor per signal"
+            )
+    values = list(values)
+    if len(values) != count:
+        raise SignalError(f"{item.name}: {len(values)} value tensors for {count} signals")
+    out = []
+    for b, (s, wanted, v) in enumerate(zip(signals, per_signal, values)):
+        indices = read_indices([s], wanted)[0] if len(wanted) else []
+        if not isinstance(v, torch.Tensor) or tuple(v.shape) != (len(indices), *shape):
+            got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            raise SignalError(
+                f"{item.name}: signal {b} has {len(indices)} patched positions and values of shape [{trailing}] "
+                f"per position, so its values must be [{len(indices)}, {trailing}], got {got}"
+            )
+        out.append((indices, v))
+    return out
+
+
+def _patcher(mode: str, columns: list[torch.Tensor], values: list[torch.Tensor]) -> HookFn:
+    """A hook function that writes ``values`` at ``columns`` of each row (or adds them there)."""
+
+    def edit(h: torch.Tensor, hook: Hook) -> torch.Tensor:
+        h = h.clone()
+        for b, (cols, v) in enumerate(zip(columns, values)):
+            if not len(cols):
+                continue
+            cols = cols.to(h.device)
+            v = v.to(device=h.device, dtype=h.dtype)
+            h[b, cols] = v if mode == "replace" else h[b, cols] + v
+        return h
+
+    return edit
+
+
+def patch_hooks(lm: Any, signals: Sequence[Signal], patches: Patch | Sequence[Patch]) -> list[tuple[str, HookFn]]:
+    """The (name, hook function) pairs that apply ``patches`` to a forward of ``signals``; SignalError for a bad patch."""
+    edits = [patches] if isinstance(patches, Patch) else list(patches)
+    batch = pad_signals(list(signals))
+    out: list[tuple[str, Callable[..., Any]]] = []
+    for item in edits:
+        if not isinstance(item, Patch):
+            raise SignalError(f"patches must be Patch objects, got {type(item).__name__}")
+        target = point(lm, item.name)
+        if target.axis == "pattern":
+            raise SignalError(
+                f"{item.name}: a Patch writes per-position values; edit patterns, scores and duration biases "
+                "with a hook function (run_with_hooks), or patch hook_z or hook_attn_out instead"
+            )
+        if item.mode not in ("replace", "add"):
+            raise SignalError(f"{item.name}: mode must be 'replace' or 'add', got {item.mode!r}")
+        rows = _patch_rows(item, signals, target.shape)
+        out.append((item.name, _patcher(item.mode, _columns(batch, [r for r, _ in rows]), [v for _, v in rows])))
+    return out
+
+
+@contextmanager
+def patch(lm: Any, signals: Signal | Sequence[Signal], patches: Patch | Sequence[Patch]) -> Iterator[None]:
+    """Replace or add to named activations of ``lm`` for a forward of ``signals``, while the context lasts.
+
+    lm: a ContinuousLM; signals: the batch the patched forward runs, in the order
+    :func:`run_with_cache` gets it (run ``run_with_cache(lm, signals, ...)`` inside the
+    context); patches: one :class:`Patch` or a list. A thin case of hook functions
+    (:func:`contllm.internals.intervention.hooks`): hooks are registered on entering and removed on
+    exit, also when the body raises. Positions map to the columns of these signals
+    left-padded as :func:`run_with_cache` pads them; a forward inside the context of another
+    shape (rows x padded width) raises SignalError rather than patching the wrong tokens.
+    ``lm.logits`` goes through the engine, which may chunk, reorder or share a prefix: run
+    the patched forward with :func:`run_with_cache` or :func:`run_with_hooks`.
+    Raises SignalError for an unknown or pattern name, positions outside a signal, or
+    values of the wrong shape.
+    """
+    items = check_signals(signals, single_ok=True)
+    with hooks(lm, items, patch_hooks(lm, items, patches)):
+        yield
+
+
+def align_positions(source: Signal, target: Signal, positions: Sequence[int] | None = None) -> list[int]:
+    """For each token index of ``target``, the token of ``source`` at the nearest earlier (or equal) time.
+
+    Index j of the result is the token of ``source`` with the latest time at or before the
+    time of ``target``'s position positions[j] (all of its tokens when None; the last such
+    token where several share that time); a target position
+    earlier than every source time maps to source token 0. Use it to patch between signals
+    of different token counts: ``cache.rows(name)[0][align_positions(source, target)]``.
+    Returns a list of source token indices, one per target position.
+    """
+    if not isinstance(source, Signal) or not isinstance(target, Signal):
+        raise SignalError("align_positions takes two Signal objects")
+    wanted = list(range(len(target))) if positions is None else read_indices([target], list(positions))[0]
+    if not wanted:
+        return []
+    times = source.times.to(torch.float64)
+    out = []
+    for i in wanted:
+        earlier = torch.nonzero(times <= float(target.times[i])).flatten()
+        if not len(earlier):
+            out.append(0)
+            continue
+        # The latest such time; among tokens sharing it, the last one (it has seen the others).
+        latest = times[earlier].max()
+        out.append(int(earlier[times[earlier] == latest][-1]))
+    return out
