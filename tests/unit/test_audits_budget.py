@@ -14,7 +14,7 @@ from contllm.core.chunks import FORWARD_OVERHEAD
 from contllm.core.engine import Engine
 from contllm.data import select_items
 from contllm.rundir.runner import compute_records, context_for
-from tests.unit.test_cards import tiny_lm
+from tests.unit.test_audits import tiny_lm
 
 pytestmark = pytest.mark.unit
 
