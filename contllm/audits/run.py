@@ -269,6 +269,7 @@ def run_studies(
     from contllm.rundir.runner import check_run, run
 
     seconds: dict[str, float | None] = {}
+    every_run: dict[str, Any] = dict(lm=lm, resume=resume, force=force, device=device, say=say, progress=progress)
     for share in plan.shares:
         s = study(share.experiment)
         _, _, items = study_config(s, protocol, share.count)
@@ -276,24 +277,14 @@ def run_studies(
             model=model, items=items, seed=seed, dtype=dtype, item_figures=False, formats=("png",)
         )
         path = out / s.experiment
-        checked = check_run(s.experiment, options=s.options(protocol, share.count), **values)
+        options = s.options(protocol, share.count)
+        checked = check_run(s.experiment, options=options, **values)
         if resume and _finished(path, checked.resolved):
             say(f"{s.experiment}: finished already ({path})")
             seconds[s.experiment] = None
             continue
         started = time.perf_counter()
-        run(
-            s.experiment,
-            lm=lm,
-            out=path,
-            resume=resume,
-            force=force,
-            device=device,
-            options=s.options(protocol, share.count),
-            say=say,
-            progress=progress,
-            **values,
-        )
+        run(s.experiment, out=path, options=options, **every_run, **values)
         seconds[s.experiment] = round(time.perf_counter() - started, 3)
         if on_finished is not None:
             on_finished(s.experiment, seconds[s.experiment] or 0.0)

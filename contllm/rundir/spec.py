@@ -266,6 +266,7 @@ def run_spec(
     procs = start_processes(device)
     targets = check_targets(spec, entries, Path(root), resume=resume, force=force, device=procs.device or device)
     written = []
+    every_run: dict[str, Any] = dict(resume=resume, force=force, device=device, say=say, progress=say is not None)
     for model in spec.models:
         mine = [(e, t) for e, t in zip(entries, targets) if e.model == model]
         with procs.main_first():
@@ -276,13 +277,9 @@ def run_spec(
                     entry.experiment,
                     lm=lm,
                     out=out_dir,
-                    resume=resume,
-                    force=force,
-                    device=device,
                     options=dict(entry.options),
                     settings=entry.settings,
-                    say=say,
-                    progress=say is not None,
+                    **every_run,
                 )
             )
     return written
