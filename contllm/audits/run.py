@@ -98,12 +98,13 @@ def check_out(out: Path, *, resume: bool, force: bool, locked: bool = False) -> 
 
     Model-free and quick (the command line calls it before torch loads). Refused: a place
     where no directory can be made or written (a file, /proc, read-only), a directory that
-    another process holds (its lock, :data:`contllm.rundir.runs.LOCK`), --resume where there is no
+    another process holds (its lock, :data:`contllm.rundir.locks.LOCK`), --resume where there is no
     audit to resume. A directory that holds files needs --resume (it must be an audit's) or
     --force (it must be an audit's, which is replaced run by run). ``locked``: this process
     holds the directory's lock (the checks are made again under it).
     """
-    from contllm.rundir.runs import LOCK, check_place, describe_folder, lock_holder
+    from contllm.rundir.locks import LOCK, lock_holder
+    from contllm.rundir.runs import check_place, describe_folder
 
     if resume and force:
         raise RunDirectoryError("--resume and --force contradict each other; give one")
@@ -343,7 +344,7 @@ def audit(
     out = Path(out) if out is not None else default_out(name)
     check_out(out, resume=resume, force=force)
     _refuse_launch()
-    from contllm.rundir.runs import Reservation
+    from contllm.rundir.locks import Reservation
 
     reservation = Reservation(out)  # held until the card is written: a second audit here is refused at once
     try:

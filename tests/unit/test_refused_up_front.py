@@ -170,7 +170,7 @@ def test_an_audit_resume_with_nothing_to_resume_is_refused(exists: bool, tmp_pat
 
 
 def test_an_audit_directory_another_process_holds_is_refused_before_the_model_loads(tmp_path: Path) -> None:
-    from contllm.rundir.runs import Reservation
+    from contllm.rundir.locks import Reservation
 
     out = tmp_path / "audit"
     held = Reservation(out)
@@ -195,7 +195,7 @@ def test_a_run_resumed_while_another_process_holds_it_is_refused_before_the_mode
 
 
 def test_a_run_reserves_its_directory_before_the_model_loads_and_leaves_nothing_when_refused(tmp_path: Path) -> None:
-    from contllm.rundir.runs import Reservation
+    from contllm.rundir.locks import Reservation
 
     out = tmp_path / "deep" / "run"
     first = RunDir(out, {"experiment": "counting"}).reserve()
