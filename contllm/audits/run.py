@@ -346,105 +346,62 @@ def audit(
     _refuse_launch()
     from contllm.rundir.locks import Reservation
 
-    reservation = Reservation(out)  # held until the card is written: a second audit here is refused at once
-    try:
-        return _audit_reserved(
-            lm,
-            reservation,
-            started=started,
-            name=name,
-            budget=seconds_budget,
-            protocol=protocol,
-            counts=counts,
-            resume=resume,
-            force=force,
-            device=device,
-            dtype=dtype,
-            seed=seed,
-            resamples=resamples,
-            say=say,
-            progress=progress,
-        )
-    finally:
-        reservation.release()
+    with Reservation(out) as reservation:  # held until the card is written: a second audit here is refused at once
+        from contllm.audits.card import build_card
+        from contllm.audits.page import card_page
 
+        stored = check_out(out, resume=resume, force=force, locked=True)
+        if stored is not None:
+            check_resumed(stored, name, protocol, seconds_budget, dtype, seed)
+            dtype = stored.get("dtype")
+        elif counts is None and seconds_budget is None:
+            seconds_budget = parse_budget(DEFAULT_BUDGET)
+        if isinstance(lm, str):
+            from contllm.rundir.runner import load_for_run
 
-def _audit_reserved(
-    lm: Any,
-    reservation: Any,
-    *,
-    started: float,
-    name: str,
-    budget: float | None,
-    protocol: str,
-    counts: dict[str, int] | None,
-    resume: bool,
-    force: bool,
-    device: str,
-    dtype: str | None,
-    seed: int,
-    resamples: int,
-    say: Say,
-    progress: bool,
-) -> Any:
-    """:func:`audit`, once its directory is reserved (created where missing and locked by this process)."""
-    from contllm.audits.card import build_card
-    from contllm.audits.page import card_page
-
-    out = reservation.path
-    seconds_budget = budget
-    stored = check_out(out, resume=resume, force=force, locked=True)
-    if stored is not None:
-        check_resumed(stored, name, protocol, seconds_budget, dtype, seed)
-        dtype = stored.get("dtype")
-    elif counts is None and seconds_budget is None:
-        seconds_budget = parse_budget(DEFAULT_BUDGET)
-    if isinstance(lm, str):
-        from contllm.rundir.runner import load_for_run
-
-        lm = load_for_run(lm, device=device, dtype=dtype, say=say)
-    if stored is not None:
-        plan = Plan.from_dict(stored["plan"])
-        say(f"resuming the audit in {out}: {_counts_text(plan)}")
-    else:
-        if counts is not None:
-            plan = fixed_plan(counts)
+            lm = load_for_run(lm, device=device, dtype=dtype, say=say)
+        if stored is not None:
+            plan = Plan.from_dict(stored["plan"])
+            say(f"resuming the audit in {out}: {_counts_text(plan)}")
         else:
-            assert seconds_budget is not None
-            plan = make_plan(lm, protocol, seconds_budget, started, say)
-        say(f"audit plan ({budget_text(plan.budget) if plan.budget else 'given counts'}): {_counts_text(plan)}")
-        for left, why in plan.left_out.items():
-            say(f"  {left}: {why}")
-        settings = {"model": name, "protocol": protocol, "budget": plan.budget, "seed": seed, "dtype": dtype}
-        reservation.keep()
-        atomic_write_json(out / AUDIT, {**settings, "plan": plan.to_dict()})
-    times = _Times(out, started, resumed=stored is not None)
-    try:
-        runs = run_studies(
-            lm,
-            out,
-            plan,
-            model=name,
-            protocol=protocol,
-            resume=times.resumed,
-            force=force,
-            seed=seed,
-            dtype=dtype,
-            device=device,
-            say=say,
-            progress=progress,
-            on_finished=times.finished,
+            if counts is not None:
+                plan = fixed_plan(counts)
+            else:
+                assert seconds_budget is not None
+                plan = make_plan(lm, protocol, seconds_budget, started, say)
+            say(f"audit plan ({budget_text(plan.budget) if plan.budget else 'given counts'}): {_counts_text(plan)}")
+            for left, why in plan.left_out.items():
+                say(f"  {left}: {why}")
+            settings = {"model": name, "protocol": protocol, "budget": plan.budget, "seed": seed, "dtype": dtype}
+            reservation.keep()
+            atomic_write_json(out / AUDIT, {**settings, "plan": plan.to_dict()})
+        times = _Times(out, started, resumed=stored is not None)
+        try:
+            runs = run_studies(
+                lm,
+                out,
+                plan,
+                model=name,
+                protocol=protocol,
+                resume=times.resumed,
+                force=force,
+                seed=seed,
+                dtype=dtype,
+                device=device,
+                say=say,
+                progress=progress,
+                on_finished=times.finished,
+            )
+        finally:  # an interrupted audit keeps the times of what it did, for the card of its resumed end
+            times.save()
+        card = build_card(
+            out, plan, model=name, protocol=protocol, run_seconds=times.runs(runs), resamples=resamples, seed=seed
         )
-    finally:  # an interrupted audit keeps the times of what it did, for the card of its resumed end
-        times.save()
-    card = build_card(
-        out, plan, model=name, protocol=protocol, run_seconds=times.runs(runs), resamples=resamples, seed=seed
-    )
-    card.seconds.update(total=times.total(), resumed=times.resumed)
-    atomic_write_json(out / CARD_JSON, card.to_dict())
-    atomic_write_text(out / CARD_HTML, card_page(card, out))
-    say(f"card: {out / CARD_HTML} ({card.seconds['total']:.0f} s)")
-    return card
+        card.seconds.update(total=times.total(), resumed=times.resumed)
+        atomic_write_json(out / CARD_JSON, card.to_dict())
+        atomic_write_text(out / CARD_HTML, card_page(card, out))
+        say(f"card: {out / CARD_HTML} ({card.seconds['total']:.0f} s)")
+        return card
 
 
 class _Times:

@@ -38,7 +38,8 @@ class Reservation:
     """A directory made where missing and locked (``.lock``, :func:`acquire_lock`) by this process until :meth:`release`.
 
     What the toolkit writes into a directory it reserves first (a run, an audit), so that a
-    second process is refused before it loads a model or writes a file. Released before
+    second process is refused before it loads a model or writes a file. A context manager
+    releases it on exit. Released before
     :meth:`keep` was called, the folders it made go again where they are still empty: a
     refused or failed start leaves nothing behind.
     """
@@ -56,6 +57,12 @@ class Reservation:
             self._fd = None
             self.release()
             raise
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
     def keep(self) -> None:
         """The directory now holds work: :meth:`release` leaves it."""
