@@ -64,8 +64,10 @@ def time_mask(
     visible = (kt <= qt) & (durations > 0)[:, None, :]
     if window is not None:
         visible &= (qt - kt) < window
-    bias = torch.log(durations.clamp_min(torch.finfo(torch.float64).tiny)).to(torch.float32)[:, None, :]
-    mask = torch.where(visible, bias, torch.tensor(torch.finfo(dtype).min, dtype=torch.float32, device=qt.device))
+    # The bias in float32 (where every mask but a float64 one ends), or float64 for a float64 mask.
+    kept = torch.float64 if dtype == torch.float64 else torch.float32
+    bias = torch.log(durations.clamp_min(torch.finfo(torch.float64).tiny)).to(kept)[:, None, :]
+    mask = torch.where(visible, bias, torch.tensor(torch.finfo(dtype).min, dtype=kept, device=qt.device))
     return mask[:, None].to(dtype)
 
 

@@ -74,6 +74,21 @@ def forward_reads(lm: Any, batch: SignalBatch, reads: Sequence[Sequence[int]]) -
     return [logits[b, [at[int(c)] for c in columns[b]]].float().cpu() for b in range(len(batch))]
 
 
+#: The duration a real token of duration 0 runs at in a forward that differentiates in durations.
+RIGHT_SIDED = torch.finfo(torch.float32).tiny
+
+
+def _real_zeros(batch: SignalBatch) -> torch.Tensor:
+    """bool [batch, tokens]: the tokens of duration 0 that are not padding."""
+    columns = torch.arange(batch.width)[None, :]
+    return (columns >= batch.pad_left[:, None]) & (batch.durations == 0)
+
+
+def _after(signal: Signal, steps: torch.Tensor) -> float:
+    """A step of time past float64's rounding of the signal's largest time: what "a hair after" adds."""
+    return (abs(signal.start) + float(steps.detach().abs().sum()) + 1.0) * 2.0**-44
+
+
 def differentiable_batch(lm: Any, signals: Sequence[Signal], *, durations: bool = False) -> SignalBatch:
     """``signals`` left-padded, with input embeddings (and, with ``durations``, durations) that are autograd leaves.
 
@@ -81,6 +96,21 @@ def differentiable_batch(lm: Any, signals: Sequence[Signal], *, durations: bool 
     least) and require gradients, so that a forward records its graph; the times follow the
     durations (t = start + cumulative sum) for signals whose times are not explicit, so that
     a duration's gradient includes the times it moves.
+
+    With ``durations``, a gradient at duration 0 is the right-sided derivative, which is
+    finite: key j enters attention with the weight d_j exp(s_ij), linear in d_j, so
+    d (log p) / d d_j tends, as d_j -> 0+, to the sum over the queries that see j of
+    exp(s_ij) / Z_i times the derivative of the loss by the weight. At d_j = 0 exactly the
+    bias log(d_j) is -inf, the mask hides the key and autograd would keep only the part
+    that moves later tokens' times. So each real token of duration 0 runs at
+    :data:`RIGHT_SIDED` (float32's smallest normal number, 1.2e-38: the bias log(d) =
+    -87.3, whose gradient 1 / d turns the vanishing weight into the limit), and where
+    times follow durations it starts a hair (:func:`_after`) after the tokens before it,
+    as it does for any d > 0: queries at the earlier time do not see it, itself and later
+    tokens do. The values read are those at duration 0, unless such a key's score exceeds
+    every other score of its query by more than about 70 (a weight 1.2e-38 * exp(70) =
+    3e-8 of the row's largest). Padding keeps duration 0; the gradient reaches the
+    durations unchanged (both shifts are constants where d = 0).
     """
     batch = pad_signals(list(signals))
     rows = lm.embed(list(signals))
@@ -89,6 +119,8 @@ def differentiable_batch(lm: Any, signals: Sequence[Signal], *, durations: bool 
     for b, e in enumerate(rows):
         embeds[b, int(batch.pad_left[b]) :] = e.detach().to(device="cpu", dtype=dtype)
     lengths = batch.durations.clone().requires_grad_(durations)
+    zero = _real_zeros(batch) if durations else torch.zeros_like(batch.durations, dtype=torch.bool)
+    lengths = lengths + RIGHT_SIDED * zero.to(lengths.dtype)
     times = []
     for b, s in enumerate(signals):
         pad = int(batch.pad_left[b])
@@ -96,7 +128,9 @@ def differentiable_batch(lm: Any, signals: Sequence[Signal], *, durations: bool 
             times.append(batch.times[b])
         else:
             start = torch.full((pad,), s.start, dtype=lengths.dtype)
-            times.append(torch.cat([start, s.start + torch.cumsum(lengths[b, pad:], dim=0)]))
+            # each token of duration 0 starts a hair after the tokens before it, as for d -> 0+
+            steps = lengths[b, pad:] + _after(s, lengths[b, pad:]) * zero[b, pad:].to(lengths.dtype)
+            times.append(torch.cat([start, s.start + torch.cumsum(steps, dim=0)]))
     return replace(
         batch,
         durations=lengths,
