@@ -44,6 +44,7 @@ EXPERIMENTS: dict[str, str] = {
     "lens": "contllm.experiments.lens:EXPERIMENT",
     "attention-mass": "contllm.experiments.attention_mass:EXPERIMENT",
     "counting-interpolation": "contllm.experiments.counting_interpolation:EXPERIMENT",
+    "circuit": "contllm.experiments.circuit:EXPERIMENT",
 }
 
 _discovered = False
