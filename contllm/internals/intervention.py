@@ -4,13 +4,28 @@
 ``fn(activation, hook)`` at each named point (:mod:`contllm.internals.hookpoints`) it was given;
 ``fn`` may return a replacement (a floating-point tensor of the same shape, converted to
 the activation's dtype and device), or None to leave the activation as it is; anything
-else raises SignalError naming the point.
+else raises SignalError naming the point. It may also edit the activation in place (and
+return None or the activation itself), as TransformerLens's hook functions often do: the
+edit takes effect at every point.
 ``hook`` is a :class:`Hook`: the point's name and layer, and the padded batch the
 forward runs (each column's time and duration, each row's padding). Backward hooks
 ``fn(grad, hook)`` are attached to the activation's tensor in the autograd graph, so they
 fire when a gradient passes through it and vanish with the graph. On exit, also when the
 body or a hook raises, every hook is removed and the model has its own attention
 implementation back: nothing outlives the context.
+
+Hooks are bound to the signals they were made for. Contexts open on one model at once
+(``lm.hooks(signals)`` around ``lm.run_with_cache(signals)``, whose own context records the
+values) must be made for the same signals, token for token: the same token ids or
+embeddings, durations and times. A context for any other signals raises SignalError on
+entering, naming what differs (:func:`signal_difference`), before anything runs; a forward
+that no context announces (the model called directly inside the context) must have the
+context's batch shape (rows x padded width), or SignalError at the first hooked point.
+
+Hooks added with :func:`add_hook` (``lm.add_hook``) stay until :func:`reset_hooks`: every
+context opened for that ``lm`` (every ``run_with_cache``, ``run_with_hooks``, gradients and
+patch, and ``lm.logits`` while any are added) applies them first, bound to its own
+signals; between calls nothing is registered on the model.
 
 Most points are a module's input or output. The attention points live inside the
 attention function: while one is hooked, the layers that carry it run
@@ -27,10 +42,11 @@ that changes a model's computation uses as well.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -43,23 +59,47 @@ from contllm.internals import hooked_attention
 from contllm.internals.hookpoints import Point, points, position_module, resolve_names
 from contllm.internals.hooks import first_output, hidden_of, input_hook, output_hook, replace_first_output, with_hidden
 
-__all__ = ["Hook", "HookFn", "HookState", "hooks"]
+__all__ = [
+    "Hook",
+    "HookFn",
+    "HookState",
+    "LayerIndex",
+    "add_hook",
+    "added_hooks",
+    "hooks",
+    "hooks_on",
+    "reset_hooks",
+    "signal_difference",
+]
 
 #: fn(activation, hook) -> a replacement of the same shape, or None to keep the activation.
 HookFn = Callable[[torch.Tensor, "Hook"], "torch.Tensor | None"]
+
+
+class LayerIndex(int):
+    """A decoder layer's index: an int (``hook.layer == 3``) that can also be called, ``hook.layer()``, as
+    TransformerLens's ``HookPoint.layer()`` is."""
+
+    def __call__(self) -> int:
+        return int(self)
+
+    def __repr__(self) -> str:
+        return str(int(self))
 
 
 @dataclass(frozen=True)
 class Hook:
     """What a hook function gets besides the activation: the point and the batch being run.
 
-    name: the activation name; layer: its decoder layer (None for the embeddings and the
-    final norm); batch: the left-padded :class:`~contllm.core.signal.SignalBatch` of the signals
-    the hooks were made for (padding tokens have duration 0); signals: those signals.
+    name: the activation name; layer: its decoder layer, a :class:`LayerIndex` (an int,
+    also callable as ``hook.layer()``, TransformerLens's spelling), or None for the
+    embeddings and the final norm; batch: the left-padded :class:`~contllm.core.signal.SignalBatch`
+    of the signals the hooks were made for, which are the signals the forward runs (padding
+    tokens have duration 0); signals: those signals.
     """
 
     name: str
-    layer: int | None
+    layer: LayerIndex | None
     batch: SignalBatch = field(repr=False)
     signals: tuple[Signal, ...] = field(repr=False)
 
@@ -116,21 +156,27 @@ class _Run:
         batch: SignalBatch,
         signals: tuple[Signal, ...],
         net: nn.Module,
+        owner: Any = None,
+        optional: dict[str, list[HookFn]] | None = None,
     ) -> None:
         self.known, self.fwd, self.bwd, self.graph_names = known, fwd, bwd, graph
-        self.batch, self.signals = batch, signals
+        #: Backward hooks attached only where the forward keeps the autograd graph (added with add_hook).
+        self.optional = optional or {}
+        self.batch, self.signals, self.owner = batch, signals, owner
         self.net, self.family = net, family_of(net)
-        self.state = HookState(batch, [n for n in known if n in fwd or n in bwd])
+        self.state = HookState(batch, [n for n in known if n in fwd or n in bwd or n in self.optional])
         self._hooks: dict[str, Hook] = {}
 
     def hook(self, point: Point) -> Hook:
         if point.name not in self._hooks:
-            self._hooks[point.name] = Hook(point.name, point.layer, self.batch, self.signals)
+            layer = None if point.layer is None else LayerIndex(point.layer)
+            self._hooks[point.name] = Hook(point.name, layer, self.batch, self.signals)
         return self._hooks[point.name]
 
     def graph(self, point: Point) -> bool:
         """Whether ``point``'s value must sit in the autograd graph (a backward hook or a gradient reads it)."""
-        return torch.is_grad_enabled() and (point.name in self.bwd or point.name in self.graph_names)
+        name = point.name
+        return torch.is_grad_enabled() and (name in self.bwd or name in self.optional or name in self.graph_names)
 
     def rebuild(self, point: Point, new: torch.Tensor, old: torch.Tensor) -> bool:
         """Whether the module must go on from ``new``, a view of its value: replaced, or read by a gradient."""
@@ -159,6 +205,9 @@ class _Run:
             if new is not None:
                 value = replacement(point.name, new, value)
         self.state.fired.add(point.name)
+        if value.requires_grad:
+            for fn in self.optional.get(point.name, ()):
+                value.register_hook(_backward(fn, hook))
         for fn in self.bwd.get(point.name, ()):
             if not value.requires_grad:
                 raise SignalError(
@@ -167,6 +216,19 @@ class _Run:
                 )
             value.register_hook(_backward(fn, hook))
         return value
+
+    def apply_kept(self, point: Point, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the value after the hooks, the value before them), for a point computed beside its module.
+
+        A hook function may edit the activation in place and return None or it, as
+        TransformerLens's do; where one did, the second is a copy taken before the hooks ran,
+        so that :func:`_changed` sees the edit (a point the module reads itself sees it anyway).
+        """
+        if not self.fwd.get(point.name):
+            return self.apply(point, value), value
+        before = value.detach().clone()
+        new = self.apply(point, value)
+        return new, (value if torch.equal(before, value.detach()) else before)
 
 
 def replacement(name: str, new: Any, value: torch.Tensor, what: str = "a hook function") -> torch.Tensor:
@@ -305,7 +367,7 @@ def _result(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
         b, s = z.shape[:2]
         per_head = z.to(work).view(b, s, heads, -1)
         result = torch.einsum("bshd,hdo->bsho", per_head, weight.reshape(heads, -1, hidden))
-        new = run.apply(point, result)
+        new, result = run.apply_kept(point, result)
         if _changed(new, result):
             # The stock output plus the change: exact where a replacement equals the heads' results.
             total = out.to(work) + (new - result).sum(dim=2)
@@ -338,14 +400,19 @@ def _norm(run: _Run, parts: dict[str, Point], stack: ExitStack) -> None:
             variance = xf.pow(2).mean(-1, keepdim=True) + eps
             scale = variance.sqrt()
             base = xf * torch.rsqrt(variance)
-            hooked_scale = run.apply(parts["scale"], scale) if "scale" in parts else scale
+            hooked_scale, scale = run.apply_kept(parts["scale"], scale) if "scale" in parts else (scale, scale)
             through_scale = _changed(hooked_scale, scale) or ("scale" in parts and run.graph(parts["scale"]))
             normalized = xf / hooked_scale if through_scale else base
-            hooked = run.apply(parts["normalized"], normalized) if "normalized" in parts else normalized
+            if "normalized" in parts:
+                hooked, before = run.apply_kept(parts["normalized"], normalized)
+            else:
+                hooked, before = normalized, normalized
+            # What the change is measured from: ``base``, unless a hook edited ``base`` itself in place.
+            reference = before if hooked is base else base
             weight = _tensor(module, "weight").to(hooked.dtype) + offset
-            if _changed(hooked, base):
+            if _changed(hooked, reference):
                 # The stock output plus the change: exact where a replacement equals the stock values.
-                new = (out.to(hooked.dtype) + (hooked - base) * weight).to(out.dtype)
+                new = (out.to(hooked.dtype) + (hooked - reference) * weight).to(out.dtype)
             elif any(run.graph(p) for k, p in parts.items() if k != "out"):
                 bias = getattr(module, "bias", None)
                 new = (hooked * weight + (bias.to(hooked.dtype) if isinstance(bias, torch.Tensor) else 0)).to(out.dtype)
@@ -507,6 +574,109 @@ def _pairs(lm: Any, given: Any, what: str) -> dict[str, list[HookFn]]:
     return out
 
 
+# ---------------------------------------------------------------------- binding, added hooks
+
+
+def _first_difference(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The first index along dim 0 where ``a`` and ``b`` (same length) differ."""
+    differs = (a != b).reshape(a.shape[0], -1).any(dim=1)
+    return int(torch.nonzero(differs)[0])
+
+
+def signal_difference(made: Sequence[Signal], run: Sequence[Signal]) -> str | None:
+    """What tells ``run`` apart from ``made`` (None: the same signals), in words: the count, then the first
+    signal that differs and how (its token count, token ids, embeddings, durations or times)."""
+    if len(made) != len(run):
+        return f"{len(made)} signals there, {len(run)} here"
+    for b, (x, y) in enumerate(zip(made, run)):
+        if x is y:
+            continue
+        if len(x) != len(y):
+            return f"signal {b} has {len(x)} tokens there, {len(y)} here"
+        for what, u, v in (("token ids", x.token_ids, y.token_ids), ("embeddings", x.embeds, y.embeds)):
+            if (u is None) != (v is None):
+                return f"signal {b} is given by {what} in one and not in the other"
+            if u is not None and v is not None:
+                u, v = u.cpu(), v.cpu()
+                if u.dtype != v.dtype:
+                    return f"signal {b}'s {what} are {u.dtype} there, {v.dtype} here"
+                if not torch.equal(u, v):
+                    return f"signal {b}'s {what} differ at token {_first_difference(u, v)}"
+        for what, u, v in (("durations", x.durations, y.durations), ("times", x.times, y.times)):
+            if not torch.equal(u, v):
+                i = _first_difference(u, v)
+                return f"signal {b}'s {what} differ at token {i} ({float(u[i]):.6g} there, {float(v[i]):.6g} here)"
+    return None
+
+
+#: The hook contexts open on each model, outermost first (they leave with their context).
+_OPEN: weakref.WeakKeyDictionary[nn.Module, list[_Run]] = weakref.WeakKeyDictionary()
+
+#: Hooks added with :func:`add_hook`, per ``lm``: (names, fn, direction), in the order they were added.
+_ADDED: weakref.WeakKeyDictionary[Any, list[tuple[tuple[str, ...], HookFn, str]]] = weakref.WeakKeyDictionary()
+
+
+def add_hook(lm: Any, name: Any, fn: HookFn, dir: Literal["fwd", "bwd"] = "fwd") -> None:
+    """Add a hook function that every later hooked forward of ``lm`` applies, until :func:`reset_hooks`.
+
+    name: an activation name, a short form, a predicate ``fn(name) -> bool`` or a list of
+    them (TransformerLens's ``add_hook(name, hook, dir)``); fn: ``fn(activation, hook)``
+    for "fwd", ``fn(grad, hook)`` for "bwd". Nothing is registered on the model here: each
+    call that runs hooks (``run_with_cache``, ``run_with_hooks``, gradients, a patch, and
+    ``lm.logits`` while hooks are added) installs them for its forward, bound to its own
+    signals, before its own hooks, and removes them after. A backward hook fires only in
+    forwards that keep the autograd graph. SignalError for an unknown name, a target of
+    another kind, a fn that is not callable, or another ``dir``.
+    """
+    if dir not in ("fwd", "bwd"):
+        raise SignalError(f"add_hook: dir must be 'fwd' or 'bwd', got {dir!r}")
+    if not callable(fn):
+        raise SignalError(f"add_hook: the hook must be a function fn(activation, hook), got {type(fn).__name__}")
+    names = tuple(resolve_names(lm, name, what="add_hook's name"))
+    _ADDED.setdefault(lm, []).append((names, fn, dir))
+
+
+def added_hooks(lm: Any, dir: str | None = None) -> list[tuple[tuple[str, ...], HookFn, str]]:
+    """The hooks added to ``lm`` with :func:`add_hook` ((names, fn, direction), oldest first); ``dir`` picks one direction."""
+    return [h for h in _ADDED.get(lm, []) if dir is None or h[2] == dir]
+
+
+def reset_hooks(lm: Any) -> None:
+    """Remove every hook added to ``lm`` with :func:`add_hook` (contexts that are open keep theirs until they close)."""
+    _ADDED.pop(lm, None)
+
+
+def hooks_on(lm: Any) -> bool:
+    """Whether a forward of ``lm`` now runs named hooks: hooks were added to it, or a hook context is open on its model."""
+    return bool(_ADDED.get(lm)) or bool(_OPEN.get(model_of(lm)))
+
+
+def _merged(
+    added: list[tuple[tuple[str, ...], HookFn, str]], dir: str, given: dict[str, list[HookFn]]
+) -> dict[str, list[HookFn]]:
+    out: dict[str, list[HookFn]] = {}
+    for names, fn, d in added:
+        if d == dir:
+            for name in names:
+                out.setdefault(name, []).append(fn)
+    for name, fns in given.items():
+        out.setdefault(name, []).extend(fns)
+    return out
+
+
+@contextmanager
+def _opened(net: nn.Module, run: _Run) -> Iterator[None]:
+    _OPEN.setdefault(net, []).append(run)
+    try:
+        yield
+    finally:
+        left = [r for r in _OPEN.get(net, []) if r is not run]
+        if left:
+            _OPEN[net] = left
+        else:
+            _OPEN.pop(net, None)
+
+
 @contextmanager
 def hooks(
     lm: Any,
@@ -519,14 +689,18 @@ def hooks(
     """Call hook functions at named activations of ``lm`` for forwards of ``signals``, while the context lasts.
 
     lm: a ContinuousLM; signals: the batch the forwards inside run (left-padded by
-    :func:`contllm.pad_signals`; a forward of another shape raises SignalError at the first
-    hooked point). fwd_hooks: (target, fn) pairs: target an activation name, a short form
+    :func:`contllm.pad_signals`). The hooks are bound to these signals: a context opened
+    inside for other signals (``run_with_cache``, ``run_with_hooks``, gradients or ``patch``
+    of other signals) raises SignalError naming what differs (:func:`signal_difference`), and
+    a forward of another shape raises SignalError at the first hooked point. fwd_hooks: (target, fn) pairs: target an activation name, a short form
     (``("resid_post", 5)``), a predicate ``fn(name) -> bool`` or a list of them; fn(activation,
     hook) returns a replacement or None. bwd_hooks: (target, fn) pairs with fn(grad, hook),
     attached to the activations' tensors (they need a forward that keeps gradients).
     graph: names whose values must sit in the autograd graph (gradients are read there).
     Yields a :class:`HookState`. Hooks are registered on entering and removed on exit,
-    also when the body raises.
+    also when the body raises. The outermost context of ``lm`` also applies the hooks
+    added with :func:`add_hook`, before its own (backward ones only where the forward keeps
+    the autograd graph).
 
     SignalError on entering for signals :func:`contllm.core.engine.check_signals` refuses, hooks
     that are not a list of (target, fn) pairs (a bare function), a target that is no name,
@@ -536,9 +710,24 @@ def hooks(
     """
     items = tuple(check_signals(signals, single_ok=True))
     fwd, bwd = _pairs(lm, fwd_hooks, "fwd_hooks"), _pairs(lm, bwd_hooks, "bwd_hooks")
+    net = model_of(lm)
+    open_now = list(_OPEN.get(net, []))
+    for other in open_now:
+        difference = signal_difference(other.signals, items)
+        if difference is not None:
+            raise SignalError(
+                f"the hooks open on this model were made for other signals ({difference}); inside lm.hooks(signals, "
+                "...) run the forward of those very signals, or leave the context first"
+            )
+    optional: dict[str, list[HookFn]] = {}
+    if not any(other.owner is lm for other in open_now):
+        # The outermost context of this lm applies the hooks added to it, before its own.
+        added = added_hooks(lm)
+        fwd = _merged(added, "fwd", fwd)
+        optional = _merged(added, "bwd", {})
     known = points(lm)
     batch = pad_signals(list(items))
-    run = _Run(known, fwd, bwd, set(graph), batch, items, model_of(lm))
+    run = _Run(known, fwd, bwd, set(graph), batch, items, net, lm, optional)
     groups: dict[tuple[str, int], dict[str, Point]] = {}
     for name in run.state.names:
         site, module, key = _group(known[name])
@@ -546,4 +735,5 @@ def hooks(
     with ExitStack() as stack:
         for (site, _), parts in sorted(groups.items(), key=lambda group: _LATER.get(group[0][0], 0)):
             SITES[site](run, parts, stack)
+        stack.enter_context(_opened(net, run))
         yield run.state

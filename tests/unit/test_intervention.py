@@ -199,9 +199,14 @@ def test_hooks_never_outlive_a_call_even_when_one_raises(family: str, impl: str)
 
 def test_a_forward_of_other_signals_inside_the_context_is_refused() -> None:
     lm = ContinuousLM(tiny_model("llama"))
-    with pytest.raises(SignalError, match="hooks were made for 2 signals padded to 9 tokens"):
+    with pytest.raises(SignalError, match=r"made for other signals \(2 signals there, 1 here\)"):
         with lm.hooks(signals(), [("blocks.0.hook_resid_pre", lambda x, h: None)]):
             lm.run_with_cache(Signal.from_ids(prompt(5, 1)), names="blocks.0.hook_resid_post")
+    # A forward that no context announces (the stock model called directly) is held to the context's shape.
+    inputs = lm.forward_kwargs(Signal.from_ids(prompt(5, 1)))
+    with pytest.raises(SignalError, match="hooks were made for 2 signals padded to 9 tokens"):
+        with lm.hooks(signals(), [("blocks.0.hook_resid_pre", lambda x, h: None)]), inputs.context(), torch.no_grad():
+            lm.model(**inputs)
     with pytest.raises(UnsupportedModelError, match="never reached blocks.0.attn.hook_q"):
         # Hooks inside the context made for other signals are not the call's: only the shape check guards them.
         with lm.hooks(signals(), [("blocks.0.attn.hook_q", lambda x, h: None)]) as state:
