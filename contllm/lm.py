@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -21,10 +21,10 @@ from contllm.core.prefix import SharedKeys
 from contllm.core.signal import Signal, SignalBatch
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.generation import GENERATE_OPTIONS, Generation, generate
-from contllm.internals.activations import ActivationCache, run_with_cache, run_with_hooks
+from contllm.internals.activations import ActivationCache, ReturnType, hooked_logits, run_with_cache, run_with_hooks
 from contllm.internals.gradients import Gradients, gradients
 from contllm.internals.interop import ForwardInputs, forward_kwargs, trace
-from contllm.internals.intervention import HookState, hooks
+from contllm.internals.intervention import HookFn, HookState, add_hook, hooks, hooks_on, reset_hooks
 
 __all__ = ["Context", "ContinuousLM", "Generation", "Positions", "wrap"]
 
@@ -176,6 +176,13 @@ class ContinuousLM:
         A single Signal drops the batch dimension. ``Engine(lm).logits(signals)`` gives
         the same numbers (a half-precision model runs with a float32 state either way).
 
+        While hooks are on (inside ``lm.hooks(signals, ...)`` or :func:`contllm.internals.activations.patch`,
+        or after :meth:`add_hook`), the call runs one padded forward of ``signals`` through
+        them, as :meth:`run_with_hooks` does, instead of the engine (no chunks, no reordering,
+        no shared prefix: ``batch_size`` does not apply), so the hooks see every position of
+        the signals they were made for; inside a context made for other signals it raises
+        SignalError naming what differs. ``Engine(lm)`` itself never runs named hooks.
+
         Raises SignalError for anything but a Signal or a list of them, a token id outside
         the vocabulary, embeds of the wrong width, a bad ``positions``, a read position
         with nothing to attend to (every token at or before its time has duration 0, e.g.
@@ -190,6 +197,8 @@ class ContinuousLM:
             if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
                 raise SignalError(f"batch_size must be an integer >= 1 or None, got {batch_size!r}")
             budget = batch_size * max(len(s) for s in items)
+        if hooks_on(self):
+            return hooked_logits(self, signals, positions)
         out = Engine(self, max_batch_tokens=budget).logits(items, positions=positions)
         return out[0] if single else out
 
@@ -201,6 +210,28 @@ class ContinuousLM:
         if isinstance(out, list):
             return [torch.softmax(x, dim=-1) for x in out]
         return torch.softmax(out, dim=-1)
+
+    def to_tokens(self, text: str | Sequence[str], *, add_special_tokens: bool = True) -> torch.Tensor:
+        """Token ids of ``text`` as TransformerLens's ``to_tokens`` gives them: long [1, tokens] ([batch, tokens] for a list).
+
+        The tokenizer's own special tokens are added (a BOS where the model's tokenizer adds
+        one; TransformerLens prepends one by default whatever the model). A list must
+        tokenize to one length: contllm pads signals itself, so give ragged texts as signals,
+        ``[lm.signal(t) for t in texts]``. ``Signal.from_ids(tokens[b])`` makes a signal of
+        unit durations. SignalError without a tokenizer, for a text of no token, or for
+        texts of different token counts.
+        """
+        texts = [text] if isinstance(text, str) else list(text) if isinstance(text, Sequence) else None
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise SignalError(f"to_tokens takes a text or a list of texts, got {type(text).__name__}")
+        rows = [self.signal(t, add_special_tokens=add_special_tokens).token_ids for t in texts]
+        lengths = [len(r) for r in rows if r is not None]
+        if len(set(lengths)) > 1:
+            raise SignalError(
+                f"the texts tokenize to different lengths ({', '.join(map(str, lengths))}); contllm pads signals "
+                "itself: run [lm.signal(text) for text in texts] instead of a padded token tensor"
+            )
+        return torch.stack([r for r in rows if r is not None])
 
     def to_str_tokens(self, signal: Signal | str) -> list[str]:
         """Each token of ``signal`` (or of the signal of a text) as the tokenizer decodes it alone; ``[embed]`` for a
@@ -221,17 +252,30 @@ class ContinuousLM:
         *,
         names: Any = None,
         positions: Positions = "all",
+        names_filter: Any = None,
+        remove_batch_dim: bool = False,
     ) -> ActivationCache:
         """Named activations of one padded forward of ``signals``: :func:`contllm.internals.activations.run_with_cache`.
 
-        names: activation names (``blocks.{i}.hook_resid_post``, ..., :mod:`contllm.internals.hookpoints`),
-        short forms (``("resid_post", 5)``) or predicates; None: all. positions: "all",
-        "last", a token index or a list of them. Returns an
-        :class:`~contllm.internals.activation_cache.ActivationCache` (float32 on the CPU, one tensor per
-        signal and name, with each read position's time). The engine's shared prefix is
-        not used for this call.
+        names (or TransformerLens's ``names_filter``): activation names
+        (``blocks.{i}.hook_resid_post``, ..., :mod:`contllm.internals.hookpoints`), short forms
+        (``("resid_post", 5)``) or predicates, one or a list; None: all. positions: "all",
+        "last", a token index or a list of them. remove_batch_dim: for one signal, a cache
+        without the batch dimension. Returns an
+        :class:`~contllm.internals.activation_cache.ActivationCache` (one tensor per signal and
+        name on the CPU, float64 for a float64 model and float32 otherwise, with each read
+        position's time; ``cache[name]`` pads a ragged batch on the left with zeros). Hooks
+        of an enclosing :meth:`hooks` context (made for these signals) and of :meth:`add_hook`
+        apply. The engine's shared prefix is not used for this call.
         """
-        return run_with_cache(self, signals, names=names, positions=positions)
+        return run_with_cache(
+            self,
+            signals,
+            names=names,
+            positions=positions,
+            names_filter=names_filter,
+            remove_batch_dim=remove_batch_dim,
+        )
 
     def run_with_hooks(
         self,
@@ -239,21 +283,33 @@ class ContinuousLM:
         *,
         fwd_hooks: Any = (),
         bwd_hooks: Any = (),
-        positions: Positions = "last",
+        positions: Positions | None = None,
         grad: bool = False,
-    ) -> torch.Tensor | list[torch.Tensor]:
-        """Logits of ``signals`` with hook functions for this forward: :func:`contllm.internals.activations.run_with_hooks`.
+        return_type: ReturnType = "logits",
+    ) -> torch.Tensor | list[torch.Tensor] | None:
+        """Logits (or the loss) of ``signals`` with hook functions for this forward: :func:`contllm.internals.activations.run_with_hooks`.
 
         fwd_hooks, bwd_hooks: (name or predicate, fn) pairs; ``fn(activation, hook)`` returns
-        a replacement or None, ``hook.name``, ``hook.times`` and ``hook.durations`` describe
-        the point and the padded batch. Returns logits shaped as :meth:`logits` gives them;
-        with bwd_hooks (or ``grad=True``) they carry the autograd graph. Nothing is left on
-        the model afterwards, also when a hook raises. SignalError for hooks that are not a
-        list of pairs (a bare function), a target that is no name or predicate, a hook
-        function that returns anything but None or a float tensor of the value's shape, or
-        a signal :meth:`logits` would refuse.
+        a replacement or None, ``hook.name``, ``hook.layer()``, ``hook.times`` and
+        ``hook.durations`` describe the point and the padded batch. positions: as for
+        :meth:`logits` (None: "last"). return_type: "logits" (shaped as :meth:`logits` gives
+        them), "loss" (TransformerLens's mean next-token cross-entropy over the real
+        positions, pooled over the batch) or None. With bwd_hooks (or ``grad=True``) the
+        result carries the autograd graph. Nothing is left on the model afterwards, also when
+        a hook raises. SignalError for hooks that are not a list of pairs (a bare function),
+        a target that is no name or predicate, a hook function that returns anything but
+        None or a float tensor of the value's shape, another return_type, or a signal
+        :meth:`logits` would refuse.
         """
-        return run_with_hooks(self, signals, fwd_hooks=fwd_hooks, bwd_hooks=bwd_hooks, positions=positions, grad=grad)
+        return run_with_hooks(
+            self,
+            signals,
+            fwd_hooks=fwd_hooks,
+            bwd_hooks=bwd_hooks,
+            positions=positions,
+            grad=grad,
+            return_type=return_type,
+        )
 
     def hooks(
         self, signals: Signal | Sequence[Signal], fwd_hooks: Any = (), bwd_hooks: Any = ()
@@ -261,9 +317,32 @@ class ContinuousLM:
         """Hook functions for every forward of ``signals`` while the context lasts: :func:`contllm.internals.intervention.hooks`.
 
         E.g. ``with lm.hooks(signals, [("blocks.3.attn.hook_z", ablate)]): cache = lm.run_with_cache(signals)``.
-        SignalError on entering for hooks that are not a list of (target, fn) pairs or a bad target.
+        The hooks are bound to ``signals``: inside, :meth:`run_with_cache`, :meth:`run_with_hooks`,
+        :meth:`gradients` and :meth:`logits` of these very signals run through them (``lm.logits``
+        then runs one padded forward, not the engine), and of any other signals raise
+        SignalError naming what differs (token ids or embeddings, durations, times).
+        :meth:`generate` refuses to run inside. SignalError on entering for hooks that are not
+        a list of (target, fn) pairs or a bad target.
         """
         return hooks(self, signals, fwd_hooks, bwd_hooks)
+
+    def add_hook(self, name: Any, hook: HookFn, dir: Literal["fwd", "bwd"] = "fwd") -> None:
+        """Keep a hook function on for every later hooked forward, until :meth:`reset_hooks` (TransformerLens's ``add_hook``).
+
+        name: an activation name, short form, predicate or list of them; hook:
+        ``fn(activation, hook)`` ("fwd") or ``fn(grad, hook)`` ("bwd"). It applies in
+        :meth:`run_with_cache`, :meth:`run_with_hooks`, :meth:`gradients`, patches and
+        :meth:`logits` / :meth:`probs` (which then run one hooked forward instead of the
+        engine), each time bound to that call's signals, before the call's own hooks; a
+        backward hook fires in forwards that keep the graph (:meth:`run_with_hooks` keeps it
+        while one is added). :meth:`generate` refuses to run while any is added.
+        Nothing sits on the model between calls: :func:`contllm.internals.intervention.add_hook`.
+        """
+        add_hook(self, name, hook, dir)
+
+    def reset_hooks(self) -> None:
+        """Remove every hook added with :meth:`add_hook` (TransformerLens's ``reset_hooks``)."""
+        reset_hooks(self)
 
     def gradients(
         self,
@@ -314,8 +393,14 @@ class ContinuousLM:
         draws with temperature, top_k, top_p and seed; stop, stop_at_eos end a row; probs
         asks for each step's top-k or "full" distribution, activations for named
         activations per step. max_new_tokens is at most :data:`contllm.generation.MAX_NEW_TOKENS`.
-        SignalError for an unknown option, naming the known ones.
+        SignalError for an unknown option, naming the known ones, and while named hooks are on
+        (inside :meth:`hooks` or after :meth:`add_hook`): generation runs none.
         """
+        if hooks_on(self):
+            raise SignalError(
+                "generate runs no named hooks: leave lm.hooks(...) and call lm.reset_hooks() first, or read "
+                "hooked continuations step by step with lm.run_with_hooks"
+            )
         known = GENERATE_OPTIONS
         unknown = sorted(set(options) - set(known))
         if unknown:

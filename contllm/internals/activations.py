@@ -13,7 +13,8 @@ A cache keeps, per signal and name, the values at the read positions (k of them,
 the signal's ``tokens``): [k, *shape] for the per-position points ([k, hidden] for the
 residual stream, [k, heads, head_dim] for ``attn.hook_z``, ...), and [heads, k, tokens] for
 ``attn.hook_pattern``, ``hook_attn_scores`` and ``hook_duration_bias`` (queries at the read
-positions, keys over the whole signal, padding removed). The pattern is the continuous
+positions, keys over the whole signal, padding removed), in float64 for a float64 model and
+float32 otherwise (:func:`cache_dtype`), on the CPU. The pattern is the continuous
 attention's: the softmax of the scores plus the log-duration bias and the time mask, so
 padding and keys later in time get probability 0 and a key of duration d weighs as d
 tokens; keys are in token order (time order for a signal whose times increase).
@@ -34,7 +35,7 @@ from contllm.core.signal import Signal, SignalBatch, pad_signals
 from contllm.errors import SignalError
 from contllm.internals.activation_cache import ActivationCache
 from contllm.internals.hookpoints import Point, hook_names, point, resolve_names
-from contllm.internals.intervention import Hook, HookFn, hooks
+from contllm.internals.intervention import Hook, HookFn, added_hooks, hooks
 
 if TYPE_CHECKING:  # only in annotations, which are strings at run time
     from typing_extensions import TypeIs
@@ -44,11 +45,23 @@ __all__ = [
     "Patch",
     "activation_names",
     "align_positions",
+    "cache_dtype",
+    "hooked_logits",
+    "next_token_loss",
     "patch",
     "recording",
     "run_with_cache",
     "run_with_hooks",
 ]
+
+#: What ``run_with_hooks`` returns: the logits, the next-token loss, or nothing (the hooks' side effects only).
+ReturnType = Literal["logits", "loss"] | None
+RETURN_TYPES = ("logits", "loss", None)
+
+
+def cache_dtype(lm: Any) -> torch.dtype:
+    """The dtype a cache keeps ``lm``'s activations in: float64 for a float64 model, float32 for any other."""
+    return torch.float64 if lm.dtype == torch.float64 else torch.float32
 
 
 def activation_names(lm: Any) -> list[str]:
@@ -64,14 +77,16 @@ def _columns(batch: SignalBatch, reads: Sequence[Sequence[int]]) -> list[torch.T
 def forward_reads(lm: Any, batch: SignalBatch, reads: Sequence[Sequence[int]]) -> list[torch.Tensor]:
     """One forward of a padded batch (inside an evaluation context): logits [k_i, vocab] per row at its read positions.
 
-    Only the read columns go through the vocabulary projection. float32 on the CPU; with
-    gradients enabled the result stays in the autograd graph.
+    Only the read columns go through the vocabulary projection. On the CPU, in the dtype the
+    evaluation context's read-out gives, float32 at least (the dtype ``lm.logits`` returns);
+    with gradients enabled the result stays in the autograd graph.
     """
     columns = _columns(batch, reads)
     kept = sorted({int(c) for row in columns for c in row})
     logits, _ = forward_batch(lm, batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
     at = {c: i for i, c in enumerate(kept)}
-    return [logits[b, [at[int(c)] for c in columns[b]]].float().cpu() for b in range(len(batch))]
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    return [logits[b, [at[int(c)] for c in columns[b]]].to(device="cpu", dtype=dtype) for b in range(len(batch))]
 
 
 #: The duration a real token of duration 0 runs at in a forward that differentiates in durations.
@@ -155,24 +170,39 @@ def run_with_cache(
     *,
     names: Any = None,
     positions: Positions = "all",
+    names_filter: Any = None,
+    remove_batch_dim: bool = False,
 ) -> ActivationCache:
     """Run ``signals`` through ``lm`` (a ContinuousLM) once and keep the named activations at the read positions.
 
     names: activation names (:mod:`contllm.internals.hookpoints`), short forms (``("resid_post", 5)``)
         or predicates ``fn(name) -> bool``, one or a list; None keeps every one. Only these
         are hooked, and each keeps only the read positions.
+    names_filter: the same, under TransformerLens's name (a name, a list of names or a
+        predicate); give ``names`` or ``names_filter``, not both.
     positions: "all" (every token), "last", a token index or a list of token indices
         (negative from each signal's end), as for ``lm.logits``.
+    remove_batch_dim: for one signal, a cache whose ``cache[name]`` drops the batch
+        dimension (:meth:`~contllm.internals.activation_cache.ActivationCache.remove_batch_dim`).
     Returns an :class:`~contllm.internals.activation_cache.ActivationCache`: one tensor per signal and
-    name, float32 on the CPU, with each read position's time and logits.
+    name, on the CPU, in float64 for a float64 model and float32 otherwise
+    (:func:`cache_dtype`), with each read position's time and logits (in the dtype ``lm.logits`` gives).
 
-    Hooks of an enclosing :func:`contllm.internals.intervention.hooks` (or :func:`patch`) context made
-    for the same signals apply. Attention points run the hooked eager attention function
+    Hooks of an enclosing :func:`contllm.internals.intervention.hooks` (or :func:`patch`) context
+    apply, and the values cached are those after them; that context must be made for these
+    very signals (SignalError naming what differs otherwise). Hooks added with
+    ``lm.add_hook`` apply too. Attention points run the hooked eager attention function
     on the layers they read (same logits to float rounding); a forward without them keeps
-    the model's own attention. Raises SignalError for an unknown name, a bad position, or a
+    the model's own attention. Raises SignalError for an unknown name, both ``names`` and
+    ``names_filter``, a bad position, ``remove_batch_dim`` with several signals, or a
     signal ``lm.logits`` would refuse.
     """
+    if names is not None and names_filter is not None:
+        raise SignalError("give names or names_filter (its TransformerLens name), not both")
+    names = names_filter if names is None else names
     items = check_signals(signals, single_ok=True)
+    if remove_batch_dim and len(items) != 1:
+        raise SignalError(f"remove_batch_dim needs one signal; {len(items)} were given")
     wanted = hook_names(lm) if names is None else _names(lm, names)
     reads = read_indices(items, positions)
     check_inputs(lm, items, reads)
@@ -180,7 +210,8 @@ def run_with_cache(
     with recording(lm, items, wanted, reads) as stored, evaluation(lm):
         rows = forward_reads(lm, batch, reads)
     times = [s.times[r] for s, r in zip(items, reads)]
-    return ActivationCache(stored, reads, times, rows, lm)
+    cache = ActivationCache(stored, reads, times, rows, lm)
+    return cache.remove_batch_dim() if remove_batch_dim else cache
 
 
 def _names(lm: Any, names: Any) -> list[str]:
@@ -197,10 +228,11 @@ def run_with_hooks(
     *,
     fwd_hooks: Any = (),
     bwd_hooks: Any = (),
-    positions: Positions = "last",
+    positions: Positions | None = None,
     grad: bool = False,
-) -> torch.Tensor | list[torch.Tensor]:
-    """Logits of ``signals`` with hook functions at named activations, for this one forward.
+    return_type: ReturnType = "logits",
+) -> torch.Tensor | list[torch.Tensor] | None:
+    """Logits (or the loss) of ``signals`` with hook functions at named activations, for this one forward.
 
     fwd_hooks: (target, fn) pairs; target an activation name, a short form
         (``("resid_post", 5)``), a predicate ``fn(name) -> bool`` or a list of them; fn
@@ -209,27 +241,102 @@ def run_with_hooks(
         (its name, layer, and the batch's times and durations per column).
     bwd_hooks: (target, fn) pairs with fn(grad, hook) -> replacement or None, run when a
         gradient passes through the activation (call ``.backward()`` on the returned logits).
-    positions: as for ``lm.logits``; the result has its shapes (float32, CPU).
-    grad: keep the autograd graph (implied by bwd_hooks); off by default, so evaluation runs
-        in inference mode as ``lm.logits`` does. The model's parameters take no gradients.
+    positions: as for ``lm.logits`` (None: "last"); the result has its shapes and dtype (CPU).
+    grad: keep the autograd graph (implied by bwd_hooks, and by backward hooks added with
+        ``lm.add_hook``); off by default, so evaluation runs in inference mode as
+        ``lm.logits`` does. The model's parameters take no gradients.
+    return_type: "logits" (the default); "loss", TransformerLens's: the mean next-token
+        cross-entropy (a scalar) over every real position of every signal that has a
+        next token, pooled over the batch (:func:`next_token_loss`; padding is never read;
+        every position is read, so leave ``positions`` out); None: run for the hooks' side
+        effects and return None.
 
-    Every hook is removed when the call returns or raises. UnsupportedModelError when the
-    forward never reached a hooked name; SignalError for an unknown name, a bad position,
-    hooks that are not a list of (target, fn) pairs, a target that is no name or predicate,
-    a hook function returning anything but None or a float tensor of the value's shape
-    (:func:`contllm.internals.intervention.replacement`), or a signal ``lm.logits`` would refuse.
+    Every hook is removed when the call returns or raises. Hooks of an enclosing
+    ``lm.hooks`` context (made for these very signals) and hooks added with ``lm.add_hook``
+    apply first. UnsupportedModelError when the forward never reached a hooked name;
+    SignalError for an unknown name, a bad position, hooks that are not a list of (target,
+    fn) pairs, a target that is no name or predicate, a hook function returning anything
+    but None or a float tensor of the value's shape
+    (:func:`contllm.internals.intervention.replacement`), a return_type of another kind, a
+    loss of signals without token ids or without two tokens, or a signal ``lm.logits``
+    would refuse.
     """
+    if return_type is not None and (not isinstance(return_type, str) or return_type not in RETURN_TYPES):
+        raise SignalError(f"return_type must be 'logits', 'loss' or None, got {return_type!r}")
+    single = isinstance(signals, Signal)
+    items = check_signals(signals, single_ok=True)
+    if return_type == "loss":
+        if positions is not None:
+            raise SignalError("return_type='loss' reads every position; leave positions out")
+        _check_loss(items)
+    wanted: Positions = ("all" if return_type == "loss" else "last") if positions is None else positions
+    reads = read_indices(items, wanted)
+    check_inputs(lm, items, reads)
+    keep = bool(grad) or bool(bwd_hooks) or bool(added_hooks(lm, "bwd"))
+    rows = _hooked_rows(lm, items, reads, fwd_hooks, bwd_hooks, keep)
+    if return_type is None:
+        return None
+    if return_type == "loss":
+        return next_token_loss(items, rows)
+    out = shaped(rows, wanted)
+    return out[0] if single else out
+
+
+def hooked_logits(lm: Any, signals: Signal | Sequence[Signal], positions: Positions = "last") -> Any:
+    """``lm.logits`` while hooks are on (:func:`contllm.internals.intervention.hooks_on`): one padded forward of
+    ``signals`` through the hooks (no engine: no chunks, no reordering, no shared prefix), shaped as ``lm.logits``
+    gives them, without the autograd graph."""
     single = isinstance(signals, Signal)
     items = check_signals(signals, single_ok=True)
     reads = read_indices(items, positions)
     check_inputs(lm, items, reads)
-    keep = bool(grad) or bool(bwd_hooks)
+    out = shaped(_hooked_rows(lm, items, reads, (), (), False), positions)
+    return out[0] if single else out
+
+
+def _hooked_rows(
+    lm: Any, items: list[Signal], reads: list[list[int]], fwd_hooks: Any, bwd_hooks: Any, keep: bool
+) -> list[torch.Tensor]:
+    """The logits at ``reads`` of one padded forward of ``items`` with hooks (in the autograd graph with ``keep``)."""
     batch = differentiable_batch(lm, items) if keep else pad_signals(items)
     with hooks(lm, items, fwd_hooks, bwd_hooks) as state, evaluation(lm, grad=keep):
         rows = forward_reads(lm, batch, reads)
     state.check_reached()
-    out = shaped(rows, positions)
-    return out[0] if single else out
+    return rows
+
+
+def _check_loss(signals: Sequence[Signal]) -> None:
+    """SignalError unless every signal has token ids (the targets) and one of them has a next token to predict."""
+    given = [b for b, s in enumerate(signals) if s.token_ids is None]
+    if given:
+        raise SignalError(
+            f"return_type='loss' needs token ids to predict; signal {given[0]} is given only as embeddings"
+        )
+    if all(len(s) < 2 for s in signals):
+        raise SignalError("return_type='loss' needs a signal of at least two tokens (a next token to predict)")
+
+
+def next_token_loss(signals: Sequence[Signal], logits: Sequence[torch.Tensor]) -> torch.Tensor:
+    """TransformerLens's loss: the mean over every (position, next token) pair of the batch of -log p(next token).
+
+    signals: each with token ids; logits: [tokens_i, vocab] per signal (every position, no
+    padding). Position j of a signal predicts its token j + 1, so a signal of n tokens gives
+    n - 1 terms; the mean pools them over the batch (sum / count, as TransformerLens's
+    ``lm_cross_entropy_loss`` with an attention mask). A float32 scalar, in the logits'
+    autograd graph when they have one.
+    """
+    _check_loss(signals)
+    total: torch.Tensor | float = 0.0
+    count = 0
+    for s, rows in zip(signals, logits):
+        if len(s) < 2:
+            continue
+        assert s.token_ids is not None
+        log_probs = torch.log_softmax(rows[:-1].to(torch.promote_types(rows.dtype, torch.float32)), dim=-1)
+        total = total + log_probs.gather(-1, s.token_ids[1:, None].to(log_probs.device)).sum()
+        count += len(s) - 1
+    assert isinstance(total, torch.Tensor)
+    return -total / count
 
 
 @contextmanager
@@ -241,7 +348,7 @@ def recording(
     The forward must be of ``signals`` left-padded by :func:`contllm.pad_signals` (the
     batch :func:`run_with_cache` runs, or their tails after a shared prefix); ``reads``
     holds the token indices kept of each signal. The dict is filled on exit, in the order of
-    ``names``, with the values the module docstring describes (float32, CPU).
+    ``names``, with the values the module docstring describes (:func:`cache_dtype`, CPU).
     UnsupportedModelError when the forward never reached a name; hooks are removed on exit,
     also when the body raises.
     """
@@ -249,14 +356,17 @@ def recording(
     columns = _columns(batch, reads)
     starts = [int(p) for p in batch.pad_left]
     stored: dict[str, list[torch.Tensor]] = {}
+    dtype = cache_dtype(lm)
 
     def keep(p: Point) -> HookFn:
         def fn(h: torch.Tensor, hook: Hook) -> None:
             h = h.detach()
             if p.axis == "pattern":
-                stored[p.name] = [h[b][:, columns[b].to(h.device), starts[b] :].float().cpu() for b in range(len(h))]
+                stored[p.name] = [
+                    h[b][:, columns[b].to(h.device), starts[b] :].to(device="cpu", dtype=dtype) for b in range(len(h))
+                ]
             else:
-                stored[p.name] = [h[b, columns[b].to(h.device)].float().cpu() for b in range(len(h))]
+                stored[p.name] = [h[b, columns[b].to(h.device)].to(device="cpu", dtype=dtype) for b in range(len(h))]
 
         return fn
 
@@ -382,10 +492,11 @@ def patch(lm: Any, signals: Signal | Sequence[Signal], patches: Patch | Sequence
     context); patches: one :class:`Patch` or a list. A thin case of hook functions
     (:func:`contllm.internals.intervention.hooks`): hooks are registered on entering and removed on
     exit, also when the body raises. Positions map to the columns of these signals
-    left-padded as :func:`run_with_cache` pads them; a forward inside the context of another
-    shape (rows x padded width) raises SignalError rather than patching the wrong tokens.
-    ``lm.logits`` goes through the engine, which may chunk, reorder or share a prefix: run
-    the patched forward with :func:`run_with_cache` or :func:`run_with_hooks`.
+    left-padded as :func:`run_with_cache` pads them. The patch is bound to these signals:
+    ``run_with_cache``, ``run_with_hooks`` or ``lm.gradients`` of other signals inside the
+    context raise SignalError naming what differs, rather than patching the wrong tokens;
+    ``lm.logits(signals)`` inside runs one padded forward of them through the patch (not the
+    engine), as :func:`run_with_hooks` does.
     Raises SignalError for an unknown or pattern name, positions outside a signal, or
     values of the wrong shape.
     """
