@@ -181,7 +181,9 @@ class ContinuousLM:
         them, as :meth:`run_with_hooks` does, instead of the engine (no chunks, no reordering,
         no shared prefix: ``batch_size`` does not apply), so the hooks see every position of
         the signals they were made for; inside a context made for other signals it raises
-        SignalError naming what differs. ``Engine(lm)`` itself never runs named hooks.
+        SignalError naming what differs. ``Engine(lm)`` applies no hook added with
+        :meth:`add_hook`, and inside :meth:`hooks` its forwards meet the context's hooks held
+        only to their batch shape: call ``lm.logits``.
 
         Raises SignalError for anything but a Signal or a list of them, a token id outside
         the vocabulary, embeds of the wrong width, a bad ``positions``, a read position
