@@ -219,7 +219,7 @@ class DurationPath:
     def values(self, taus: np.ndarray) -> np.ndarray:
         """f at each tau [T] (no gradients: no activation is kept), :attr:`value_rows` taus per forward."""
         out = []
-        with differentiable(self.lm, keep_float64=True), torch.no_grad():
+        with differentiable(self.lm), torch.no_grad():
             for lo in range(0, len(taus), self.value_rows):
                 tau = torch.as_tensor(taus[lo : lo + self.value_rows], dtype=torch.float64)
                 out.append(self._read(self._durations(tau, None)).cpu().numpy())
@@ -235,7 +235,7 @@ class DurationPath:
         """
         d = self.signal.durations.to(torch.float64)[torch.tensor(self.active, dtype=torch.long)]
         out = []
-        with differentiable(self.lm, keep_float64=True):
+        with differentiable(self.lm):
             for lo in range(0, len(taus), self.rows):
                 tau = torch.as_tensor(taus[lo : lo + self.rows], dtype=torch.float64)
                 log_active = (torch.log(tau)[:, None] + torch.log(d)[None]).requires_grad_(True)

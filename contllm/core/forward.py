@@ -28,16 +28,17 @@ engine's float32 state
 bfloat16/float16 as      its own     float32        its own      float32 head (the engine),
 stock (float32_state                                             the model's head (the bridge)
 off; the bridge)
-float64                  float64     float32        float64      float32 head
+float64                  float64     float32        float64      the model's float64 head
 float64, keep_float64    float64     float64        float64      the model's float64 head
 =======================  ==========  =============  ===========  ==============================
 
 ``keep_float64`` is attribution's duration path (float64 gradients of the log-durations,
 checked against float64 finite differences); every other caller (the engine, generation,
-activations, gradients, the bridge) keeps the rule without it, as contllm always has.
+activations, gradients, the bridge) keeps the rule without it.
 The logits column is :func:`evaluation`'s (:func:`contllm.core.precision.float32_readout`
-replaces any head that is not float32, unless ``keep_float64`` on a float64 model); the
-bridge (:mod:`contllm.internals.interop`) runs the model as it is.
+replaces a half-precision head only); the bridge (:mod:`contllm.internals.interop`) runs
+the model as it is. The engine and ``lm.gradients`` return what they read in
+:func:`contllm.core.precision.output_dtype`: float64 for a float64 model, float32 otherwise.
 
 :func:`evaluation` is the context every forward runs in (continuous positions, inference
 mode or, with ``grad``, the autograd graph with frozen parameters; the float32 state and
@@ -383,7 +384,6 @@ def evaluation(
     float32: bool = True,
     projections: bool | None = None,
     grad: bool = False,
-    keep_float64: bool = False,
 ) -> Iterator[None]:
     """The context every evaluation of ``lm`` runs in: the engine's, ``generate``'s, gradients' and attribution's.
 
@@ -393,26 +393,25 @@ def evaluation(
     reads its outputs through a float32 head and, with ``float32``, keeps its state in
     float32 between half-precision matmuls (:mod:`contllm.core.precision`), its query and key
     projections in float32 too unless ``projections`` is False (None:
-    :data:`contllm.core.precision.FLOAT32_PROJECTIONS`). The float32 head also reads a float64
-    model unless ``keep_float64`` (the module docstring's dtype rule). All is undone on exit.
+    :data:`contllm.core.precision.FLOAT32_PROJECTIONS`). A float32 or float64 model reads
+    through its own head (the module docstring's dtype rule). All is undone on exit.
     """
     state = float32_state(lm, float32_projections=projections) if float32 else nullcontext()
-    keep_head = keep_float64 and lm.dtype == torch.float64
     with (
         patched(lm, grad=grad),
         rotary_gradients(lm) if grad else nullcontext(),
-        nullcontext() if keep_head else float32_readout(lm.model),
+        float32_readout(lm.model),
         state,
     ):
         yield
 
 
-def differentiable(lm: Any, *, keep_float64: bool = False) -> Any:
+def differentiable(lm: Any) -> Any:
     """The context of a differentiable run: :func:`evaluation` with ``grad``.
 
     Continuous positions; the autograd graph recorded (also under an outer ``no_grad``)
     with every parameter frozen; gradients reaching float position ids through the rotary
-    embedding; a half-precision model in its float32 state with a float32 read-out.
-    ``keep_float64``: see the module docstring. Undone on exit, also on an exception.
+    embedding; a half-precision model in its float32 state with a float32 read-out (a
+    float32 or float64 model reads through its own head). Undone on exit, also on an exception.
     """
-    return evaluation(lm, grad=True, keep_float64=keep_float64)
+    return evaluation(lm, grad=True)

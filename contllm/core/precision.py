@@ -76,6 +76,16 @@ def is_half(dtype: torch.dtype) -> bool:
     return dtype in (torch.bfloat16, torch.float16)
 
 
+def output_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the outputs (logits, probabilities, gradients) contllm returns for a model of ``dtype``.
+
+    float64 for a float64 model, so that finite differences through its outputs are as
+    exact as the model; float32 for every other (a half-precision model's logits come
+    from :func:`float32_readout`).
+    """
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 class _InputCast:
     """Forward pre-hook: cast a matmul module's input to its weight's dtype.
 
@@ -257,11 +267,12 @@ def float32_readout(model: nn.Module) -> Iterator[None]:
     In bfloat16 a logit near 20 is rounded to a multiple of 0.125, which moves a
     probability of 0.4 by up to 0.03; the hidden state holds more than that. Only the
     read positions are projected, so the float32 head costs little more than one cast
-    of its weight per forward. A float32 model, or a head that is not a plain Linear, is
-    left as it is.
+    of its weight per forward. Only a half-precision head (bfloat16, float16) is
+    replaced: a float32 or float64 model, or a head that is not a plain Linear, is left
+    as it is (a float64 head projects in float64).
     """
     head = cast(Any, model).get_output_embeddings()  # a transformers model's method, not nn.Module's
-    if not isinstance(head, nn.Linear) or head.weight.dtype == torch.float32:
+    if not isinstance(head, nn.Linear) or not is_half(head.weight.dtype):
         yield
         return
     parent_name, _, attr = next(name for name, m in model.named_modules() if m is head).rpartition(".")
