@@ -145,8 +145,8 @@ class Engine:
     """Logits of many signals, batched, chunked and sharing their common prefix.
 
     lm: the model to evaluate (a ContinuousLM of any supported family, any dtype;
-        outputs are float32). ``lm.logits`` and ``lm.probs`` run through an engine with
-        the defaults below, so both give the same numbers.
+        outputs are float32, float64 for a float64 model). ``lm.logits`` and ``lm.probs``
+        run through an engine with the defaults below, so both give the same numbers.
     max_batch_tokens: budget of one chunk in batch rows x padded width of the tokens it
         computes (a shared prefix counts once, not per row; :func:`contllm.core.chunks.plan`
         names the other limits of a chunk); None picks :data:`CPU_BATCH_TOKENS` on the
@@ -192,7 +192,8 @@ class Engine:
         ``positions="all"`` reads.
 
     A half-precision model's read positions are projected onto the vocabulary in float32
-    (see :func:`contllm.core.precision.float32_readout`). After each call, ``last_stats``
+    (see :func:`contllm.core.precision.float32_readout`); a float64 model's in float64, by its
+    own head. After each call, ``last_stats``
     records what every chunk computed (:class:`EngineStats`).
     """
 
@@ -236,7 +237,7 @@ class Engine:
         positions: Positions = "last",
         progress: Callable[[int], None] | None = None,
     ) -> torch.Tensor | list[torch.Tensor]:
-        """Logits of each signal, float32 on the CPU, in input order.
+        """Logits of each signal, float32 (float64 for a float64 model) on the CPU, in input order.
 
         positions: "last" -> [n, vocab]; an int or a list of k ints (token indices of
             each signal, negative from its end) -> [n, vocab] or [n, k, vocab]; "all" ->
@@ -282,7 +283,7 @@ class Engine:
         token_ids: torch.Tensor | Sequence[int] | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> torch.Tensor | list[torch.Tensor]:
-        """Next-token distributions (softmax over the full vocabulary, float32), shaped as :meth:`logits`.
+        """Next-token distributions (softmax over the full vocabulary), shaped and typed as :meth:`logits`.
 
         token_ids: long [k] to read the probabilities of only those tokens (the last
         dimension becomes k); None -> the whole distribution.
@@ -346,17 +347,18 @@ class Engine:
         batch = pad_signals(rests, side="left")
         pad = [int(x) for x in batch.pad_left]
         stats = ChunkStats(n, p, computed, batch.width, tuple(len(s) for s in rests))
+        dtype = precision.output_dtype(lm.dtype)
         if positions == "last":
             logits, _ = forward_batch(lm, batch, logits_to_keep=1, prefix=prefix, origin=origin)
-            return list(logits[:, -1].float().cpu()), reusable, stats
+            return list(logits[:, -1].to(dtype).cpu()), reusable, stats
         if positions == "all":
             logits, _ = forward_batch(lm, batch, logits_to_keep=0, prefix=prefix, origin=origin)
-            return [logits[r, pad[r] :].float().cpu() for r in range(n)], reusable, stats
+            return [logits[r, pad[r] :].to(dtype).cpu() for r in range(n)], reusable, stats
         # Columns of the padded batch that hold each signal's read positions.
         columns = torch.tensor([[pad[r] + i - p for i in row] for r, row in enumerate(reads)], dtype=torch.long)
         keep = torch.unique(columns)
         logits, _ = forward_batch(lm, batch, logits_to_keep=keep.to(lm.device), prefix=prefix, origin=origin)
-        picked = logits.float().cpu()[torch.arange(n)[:, None], torch.searchsorted(keep, columns)]
+        picked = logits.to(dtype).cpu()[torch.arange(n)[:, None], torch.searchsorted(keep, columns)]
         return list(picked[:, 0] if isinstance(positions, int) else picked), reusable, stats
 
 

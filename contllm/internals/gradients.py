@@ -10,7 +10,9 @@ only the bias moves). Input embeddings are those the model's embedding module gi
 
 The forward runs once, recording the graph with the model's parameters frozen, and is
 otherwise the forward of ``lm.logits`` (the engine's float32 state for a half-precision
-model, no shared prefix). ``lm.logits`` and the rest of contllm never record a graph.
+model, no shared prefix); a float64 model's logits, read-out and gradients stay float64
+(:func:`contllm.core.precision.output_dtype`). ``lm.logits`` and the rest of contllm never
+record a graph.
 Where the model is not differentiable the gradient is one-sided: a key of duration 0 is
 outside attention, so its bias takes no gradient (the times it moves still do), and a
 learned position table is read by linear interpolation, whose slope jumps at integer
@@ -26,13 +28,14 @@ from typing import Any
 import torch
 
 from contllm.core.engine import Positions, check_inputs, check_signals, normalize_positions, read_indices
-from contllm.core.forward import differentiable
+from contllm.core.forward import differentiable, forward_batch
 from contllm.core.forward import (
     rotary_gradients as rotary_gradients,  # re-exported: the one way gradients reach rotary positions
 )
-from contllm.core.signal import Signal, pad_signals
+from contllm.core.precision import output_dtype
+from contllm.core.signal import Signal, SignalBatch, pad_signals
 from contllm.errors import SignalError
-from contllm.internals.activations import differentiable_batch, forward_reads, shaped
+from contllm.internals.activations import differentiable_batch, shaped
 from contllm.internals.hookpoints import point, resolve_names
 from contllm.internals.intervention import Hook, hooks
 
@@ -52,6 +55,7 @@ class Gradients:
     embeds: float32 [tokens_i, hidden] per signal: d value / d input embedding.
     activations: {name: one tensor per signal}: [tokens_i, *shape] for per-position points,
         [heads, tokens_i, tokens_i] for patterns, scores and duration biases.
+    Everything is float64 for a float64 model (values, embeds and activations too).
     """
 
     values: torch.Tensor
@@ -117,6 +121,19 @@ def readout_values(values: Any, rows: int) -> torch.Tensor:
     return values
 
 
+def _read_logits(lm: Any, batch: SignalBatch, reads: Sequence[Sequence[int]], dtype: torch.dtype) -> list[torch.Tensor]:
+    """One forward of ``batch`` (in the graph): logits [k_i, vocab] per row at its read positions, in ``dtype``, CPU.
+
+    :func:`contllm.internals.activations.forward_reads` in ``dtype``: its float32 would round
+    a float64 model's logits (and the read-out's gradient by them) before the read-out.
+    """
+    columns = [int(batch.pad_left[b]) + torch.tensor(list(r), dtype=torch.long) for b, r in enumerate(reads)]
+    kept = sorted({int(c) for row in columns for c in row})
+    logits, _ = forward_batch(lm, batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
+    at = {c: i for i, c in enumerate(kept)}
+    return [logits[b, [at[int(c)] for c in columns[b]]].to(dtype).cpu() for b in range(len(batch))]
+
+
 def gradients(
     lm: Any,
     signals: Signal | Sequence[Signal],
@@ -127,10 +144,10 @@ def gradients(
 ) -> Gradients:
     """Gradients of ``readout(logits)`` for each signal with respect to durations, embeddings and activations.
 
-    readout: takes the logits of the batch, float32 on the CPU, shaped as ``lm.logits``
-        gives them for ``positions`` with the batch dimension kept ([batch, vocab] for
-        "last" or one index, [batch, k, vocab] for a list), and returns one value per
-        signal ([batch]), e.g. ``lambda logits: logits.softmax(-1)[:, token]``.
+    readout: takes the logits of the batch, float32 (float64 for a float64 model) on the
+        CPU, shaped as ``lm.logits`` gives them for ``positions`` with the batch dimension
+        kept ([batch, vocab] for "last" or one index, [batch, k, vocab] for a list), and
+        returns one value per signal ([batch]), e.g. ``lambda logits: logits.softmax(-1)[:, token]``.
     wrt: "durations", "embeds" and activation names (or short forms, or predicates), one or
         a list.
     Returns :class:`Gradients`. Signals do not interact, so each signal's gradients are
@@ -147,6 +164,7 @@ def gradients(
     reads = read_indices(items, positions)
     check_inputs(lm, items, reads)
     graph_batch = differentiable_batch(lm, items, durations="durations" in inputs)
+    dtype = output_dtype(lm.dtype)
     batch, durations, embeds = pad_signals(items), graph_batch.durations, graph_batch.embeds
     assert embeds is not None
     captured: dict[str, torch.Tensor] = {}
@@ -158,7 +176,7 @@ def gradients(
         hooks(lm, items, [(name, keep) for name in names], graph=names) as state,
         differentiable(lm),
     ):
-        logits = shaped(forward_reads(lm, graph_batch, reads), positions)
+        logits = shaped(_read_logits(lm, graph_batch, reads, dtype), positions)
         assert isinstance(logits, torch.Tensor)  # not "all" positions
         values = readout_values(readout(logits), len(items))
         state.check_reached()
@@ -170,10 +188,10 @@ def gradients(
     def rows(name: str, g: torch.Tensor | None, like: torch.Tensor) -> list[torch.Tensor]:
         g = torch.zeros_like(like) if g is None else g.detach()
         if name in INPUTS or point(lm, name).axis == "pos":
-            return [g[b, p:].float().cpu() if name != "durations" else g[b, p:].cpu() for b, p in enumerate(pads)]
-        return [g[b][:, p:, p:].float().cpu() for b, p in enumerate(pads)]
+            return [g[b, p:].to(dtype).cpu() if name != "durations" else g[b, p:].cpu() for b, p in enumerate(pads)]
+        return [g[b][:, p:, p:].to(dtype).cpu() for b, p in enumerate(pads)]
 
-    out = Gradients(values.detach().float().cpu())
+    out = Gradients(values.detach().to(dtype).cpu())
     if "durations" in grads:
         out.durations = rows("durations", grads["durations"], durations)
     if "embeds" in grads:
