@@ -117,8 +117,9 @@ def tiny_model64(family: str, impl: str = "eager") -> torch.nn.Module:
 
     Two ways of computing the same logits (a cached prefix and a full forward, a batch and
     its rows) round differently in float32, by 1e-6 to 1.1e-5 depending on the CPU's
-    kernels; in float64 only the float32 read-out's rounding (about 1e-6) is left, while a
-    broken identity still moves logits by far more than the tolerances.
+    kernels; in float64 only the float32 steps inside the stock modules (the eager softmax,
+    the rotary tables) are left, while a broken identity still moves logits by far more than
+    the tolerances.
     """
     model = tf.AutoModelForCausalLM.from_config(_config(family), attn_implementation=impl)
     model.load_state_dict(_state(family))
