@@ -82,8 +82,9 @@ def _default_model() -> str:
     return DEFAULT_MODEL
 
 
-#: The precisions a model runs in, by every name a user may give, and the dtype each names
-#: (torch's dtypes are taken where the model loads: :func:`contllm.models.parse_dtype`).
+#: The precisions a run takes (``--dtype``, specs, :class:`RunSettings`), by every name a user
+#: may give, and the dtype each names (torch's dtypes are taken where the model loads:
+#: :func:`contllm.models.parse_dtype`, which also takes :data:`FLOAT64_NAMES`).
 DTYPE_NAMES = {
     "float32": "float32",
     "fp32": "float32",
@@ -92,6 +93,12 @@ DTYPE_NAMES = {
     "float16": "float16",
     "fp16": "float16",
 }
+
+
+#: The names of float64, which :func:`contllm.load` takes besides :data:`DTYPE_NAMES` (a
+#: float64 model returns float64 logits, probabilities and gradients, for checks by finite
+#: differences); runs and the command line keep to :data:`DTYPE_NAMES`.
+FLOAT64_NAMES = {"float64": "float64", "fp64": "float64"}
 
 
 def dtype_name(dtype: str) -> str | None:

@@ -33,17 +33,21 @@ from contllm.models.catalog import (
 )
 from contllm.models.conversion import ensure_cached
 from contllm.rundir.distributed import check_device_map
-from contllm.settings import DTYPE_NAMES
+from contllm.settings import DTYPE_NAMES, FLOAT64_NAMES
 
 # --------------------------------------------------------------------------- options
 
-_DTYPE_NAMES: dict[str, torch.dtype] = {name: getattr(torch, dtype) for name, dtype in DTYPE_NAMES.items()}
+_DTYPE_NAMES: dict[str, torch.dtype] = {
+    name: getattr(torch, dtype) for name, dtype in {**DTYPE_NAMES, **FLOAT64_NAMES}.items()
+}
 
 
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
-    """A torch dtype from a name ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16") or a dtype.
+    """A torch dtype from a name (float32, fp32, bfloat16, bf16, float16, fp16, float64, fp64) or a torch dtype.
 
     None gives float32: the continuity invariants are checked in float32, on every device.
+    float64 (the Python API's only; runs take the others) gives float64 outputs, for checks
+    by finite differences. ModelLoadError for anything else.
     """
     if dtype is None:
         return torch.float32
@@ -232,7 +236,9 @@ def load_model(
     local directory (config.json + safetensors + tokenizer files) or a Hugging Face id
     (transformers' resolution; offline it must be in the local HF cache).
     device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:N"; ignored when
-    device_map is given (accelerate places the model). dtype: float32 unless given.
+    device_map is given (accelerate places the model). dtype: float32 unless given;
+    bfloat16 and float16 run in the engine with a float32 state and read-out, float64
+    returns float64 logits, probabilities and gradients (:func:`parse_dtype` names them all).
     attn_implementation: default "sdpa", "eager" for families without sdpa.
     device_map: "auto" (or "balanced", "balanced_low_0", "sequential", or a dict of
     module -> device) spreads a model too large for one device over the GPUs (on a
@@ -249,6 +255,8 @@ def load_model(
     check_device_map(device_map, max_memory)
     torch_dtype = parse_dtype(dtype)
     torch_device = resolve_device(device) if device_map is None else None
+    if torch_dtype == torch.float64 and torch_device is not None and torch_device.type == "mps":
+        raise ModelLoadError("dtype float64 cannot run on 'mps' (MPS has no float64); use device='cpu' or 'cuda'")
     source = resolve(name)
     with quiet_loading():
         return _load_resolved(

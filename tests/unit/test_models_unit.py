@@ -234,7 +234,7 @@ def test_parse_dtype(value: Any, expected: torch.dtype) -> None:
     assert M.parse_dtype(value) == expected
 
 
-@pytest.mark.parametrize("value", ["int8", "float64", torch.int64, 32])
+@pytest.mark.parametrize("value", ["int8", "float8", torch.int64, 32])
 def test_parse_dtype_rejects_others_and_names_the_allowed(value: Any) -> None:
     with pytest.raises(ContllmError) as info:
         M.parse_dtype(value)
