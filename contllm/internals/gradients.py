@@ -28,14 +28,14 @@ from typing import Any
 import torch
 
 from contllm.core.engine import Positions, check_inputs, check_signals, normalize_positions, read_indices
-from contllm.core.forward import differentiable, forward_batch
+from contllm.core.forward import differentiable
 from contllm.core.forward import (
     rotary_gradients as rotary_gradients,  # re-exported: the one way gradients reach rotary positions
 )
 from contllm.core.precision import output_dtype
-from contllm.core.signal import Signal, SignalBatch, pad_signals
+from contllm.core.signal import Signal, pad_signals
 from contllm.errors import SignalError
-from contllm.internals.activations import differentiable_batch, shaped
+from contllm.internals.activations import differentiable_batch, forward_reads, shaped
 from contllm.internals.hookpoints import point, resolve_names
 from contllm.internals.intervention import Hook, hooks
 
@@ -121,19 +121,6 @@ def readout_values(values: Any, rows: int) -> torch.Tensor:
     return values
 
 
-def _read_logits(lm: Any, batch: SignalBatch, reads: Sequence[Sequence[int]], dtype: torch.dtype) -> list[torch.Tensor]:
-    """One forward of ``batch`` (in the graph): logits [k_i, vocab] per row at its read positions, in ``dtype``, CPU.
-
-    :func:`contllm.internals.activations.forward_reads` in ``dtype``: its float32 would round
-    a float64 model's logits (and the read-out's gradient by them) before the read-out.
-    """
-    columns = [int(batch.pad_left[b]) + torch.tensor(list(r), dtype=torch.long) for b, r in enumerate(reads)]
-    kept = sorted({int(c) for row in columns for c in row})
-    logits, _ = forward_batch(lm, batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
-    at = {c: i for i, c in enumerate(kept)}
-    return [logits[b, [at[int(c)] for c in columns[b]]].to(dtype).cpu() for b in range(len(batch))]
-
-
 def gradients(
     lm: Any,
     signals: Signal | Sequence[Signal],
@@ -176,7 +163,7 @@ def gradients(
         hooks(lm, items, [(name, keep) for name in names], graph=names) as state,
         differentiable(lm),
     ):
-        logits = shaped(_read_logits(lm, graph_batch, reads, dtype), positions)
+        logits = shaped(forward_reads(lm, graph_batch, reads), positions)
         assert isinstance(logits, torch.Tensor)  # not "all" positions
         values = readout_values(readout(logits), len(items))
         state.check_reached()
