@@ -129,11 +129,14 @@ def test_a_batch_gives_each_signal_its_own_gradients_and_activations_take_them_t
         assert both.activations[name][b].shape == (len(s), 64)
         assert relative(both.activations[name][b], alone.activations[name][0]) <= 1e-6
         assert both.activations["blocks.2.attn.hook_pattern"][b].shape == (4, len(s), len(s))
-    # A token after the read position takes no gradient; one of duration 0 at fixed times neither (no bias).
+    # A token after the read position takes no gradient. One of duration 0 at fixed times takes the right-sided
+    # derivative of its weight d exp(s) alone (tests/unit/test_right_sided.py): the gradient just above 0.
     s = items[0]
     fixed = Signal.from_ids(s.token_ids, torch.where(torch.arange(N) == 2, 0.0, s.durations), times=s.times)
     early = lm.gradients(fixed, log_p, positions=4)
-    assert float(early.durations[0][5:].abs().max()) == 0.0 and float(early.durations[0][2]) == 0.0
+    above = lm.gradients(fixed.with_durations(torch.where(torch.arange(N) == 2, 1e-9, fixed.durations)), log_p, positions=4)
+    assert float(early.durations[0][5:].abs().max()) == 0.0
+    assert float(early.durations[0][2]) != 0.0 and torch.allclose(early.durations[0], above.durations[0], rtol=1e-4)
     assert float(early.durations[0][:2].abs().min()) > 0
 
 
