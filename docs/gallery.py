@@ -52,6 +52,7 @@ RUNS: dict[str, tuple[dict[str, Any], str | None]] = {
     "lens": ({"first": "3", "samples": "6"}, None),
     "attention-mass": ({"first": "3", "samples": "6"}, None),
     "counting-interpolation": ({"samples": "11"}, None),
+    "circuit": ({"first": "2"}, None),
 }
 
 #: The experiments whose explorer page the docs show.

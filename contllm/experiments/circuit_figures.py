@@ -15,20 +15,17 @@ def circuit_finding(records: Sequence[Any]) -> tuple[str, str]:
     change = float(np.mean([r.plain - r.short for r in records]))
     halves = [r.half for r in records if r.half is not None]
     detail = (
-        f"predicted count {np.mean([r.short for r in records]):.2f} at c = {records[0].factor:g}, "
-        f"{np.mean([r.plain for r in records]):.2f} at c = 1 ({change:+.2f}); every head's duration bias restored: "
-        f"{np.mean([r.every_bias for r in records]):.0%}, the times alone: {np.mean([r.times for r in records]):.0%}"
+        f"E[k] {np.mean([r.short for r in records]):.2f} at c = {records[0].factor:g}, "
+        f"{np.mean([r.plain for r in records]):.2f} at c = 1; alone, every bias restored "
+        f"{np.mean([r.every_bias for r in records]):.0%}, the times {np.mean([r.times for r in records]):.0%}"
     )
     if abs(change) < 0.1:
-        return "Shortening the words barely changes the count here, so there is little to locate", detail
+        return "Shortening the words barely changes the count here", detail
     if not halves:
-        return f"No {len(records[0].top)} heads together bring back half of the change in the count", detail
+        return f"No {len(records[0].top)} heads patched together bring back half of the change", detail
     if len(halves) == len(records) and len(set(halves)) == 1:
-        return (
-            f"The duration bias of {halves[0]} head{'s' if halves[0] != 1 else ''} brings back half of the change",
-            detail,
-        )
-    return f"The duration bias of {np.mean(halves):.1f} heads (mean) brings back half of the change", detail
+        return f"The outputs of {halves[0]} head{'s' if halves[0] != 1 else ''} bring back half of the change", detail
+    return f"The outputs of {np.mean(halves):.1f} heads (mean) bring back half of the change", detail
 
 
 def _heads(fig: Any, ax: Any, values: np.ndarray, label: str) -> None:
@@ -45,7 +42,8 @@ def circuit_figure(result: Any, records: Sequence[Any] | None = None) -> Any:
     """Four panels: each head's estimated share (layer x head), the estimate against exact patching of the top heads,
     the share brought back as the top heads are patched together, and each head's estimated duration-bias share."""
     records = list(result.items if records is None else records)
-    fig, axes = plt.subplots(1, 4, figsize=(20, 5), constrained_layout=True)
+    fig, grid = plt.subplots(2, 2, figsize=(13, 9.5), constrained_layout=True)
+    axes = grid.ravel()
     _heads(
         fig,
         axes[0],
@@ -66,13 +64,13 @@ def circuit_figure(result: Any, records: Sequence[Any] | None = None) -> Any:
     axes[1].plot([low, high], [low, high], color="0.5", lw=0.8, ls=":")
     axes[1].set_xlabel("estimate (one backward)")
     axes[1].set_ylabel("exact share (one forward per head)")
-    axes[1].set_title("Per head: the first-order estimate against patching it", loc="left", fontsize=9)
+    axes[1].set_title("Per head: the estimate against patching it", loc="left", fontsize=9)
     for r in records:
         axes[2].plot(r.x, r.shares, marker="o", ms=3, lw=1, alpha=0.8, label=r.item_id if len(records) <= 8 else None)
     axes[2].axhline(0.5, color="0.5", lw=0.8, ls=":")
     axes[2].set_xlabel("heads patched together (largest estimate first)")
     axes[2].set_ylabel("share of the change brought back")
-    axes[2].set_title("The top heads' outputs, patched together", loc="left", fontsize=9)
+    axes[2].set_title("The top heads' outputs patched together", loc="left", fontsize=9)
     if len(records) <= 8:
         axes[2].legend(fontsize=7)
     _heads(
@@ -81,6 +79,6 @@ def circuit_figure(result: Any, records: Sequence[Any] | None = None) -> Any:
         np.mean([r.bias_estimate for r in records], axis=0),
         "estimated share of the change\n(the head's duration bias restored)",
     )
-    axes[3].set_title("Each head's reading of the durations alone", loc="left", fontsize=9)
+    axes[3].set_title("Each head's duration bias restored alone (estimate)", loc="left", fontsize=9)
     heading(fig, result.model, f"circuit at c = {records[0].factor:g}", len(records))
     return fig
