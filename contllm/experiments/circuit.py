@@ -28,7 +28,7 @@ and ``half`` is the smallest k that brings back half of the change.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,8 @@ from contllm.experiments.records import ItemRecords, Record
 
 #: The datasets whose items a circuit is found for (each is also an experiment).
 DATASETS = ("counting", "events")
+#: Patched rows per forward; each row is the tokens after the shared prefix.
+ROWS = 64
 #: The points read per head: each head's output (patched) and its duration bias (differentiated).
 Z = "attn.hook_z"
 BIAS = "attn.hook_duration_bias"
@@ -162,22 +164,6 @@ def parse_head(label: str) -> tuple[int, int]:
     return int(layer), int(head)
 
 
-def patching(heads: Sequence[Sequence[tuple[int, int]]], plain: Sequence[torch.Tensor]) -> Callable[..., Any]:
-    """A hook function on every layer's ``attn.hook_z``: row r gets the heads ``heads[r]`` (layer, head) from
-    ``plain[layer]`` [tokens, heads, d_head] at every position."""
-
-    def fn(z: torch.Tensor, hook: Any) -> torch.Tensor:
-        layer = _layer(hook.name)
-        z = z.clone()
-        for row, chosen in enumerate(heads):
-            for at_layer, head in chosen:
-                if at_layer == layer:
-                    z[row, :, head] = plain[layer][:, head].to(z.dtype)
-        return z
-
-    return fn
-
-
 def find_circuit(
     lm: Any,
     item_id: str,
@@ -190,7 +176,11 @@ def find_circuit(
 ) -> CircuitRecord:
     """The circuit record of one prompt (see the module docstring); ``sets``: the digits' token sets (None: the
     tokenizer's, :func:`contllm.core.readout.digits`)."""
-    from contllm.internals.activations import run_with_cache
+    from contllm.core.engine import evaluation
+    from contllm.core.prefix import SharedPrefix, slice_signal
+    from contllm.core.signal import pad_signals
+    from contllm.experiments.patching import forward_rows
+    from contllm.internals.activations import recording
 
     if sets is None:
         from contllm.core.readout import digits
@@ -207,25 +197,47 @@ def find_circuit(
             f"item {item_id}: E[k] does not change between c = {config.factor:g} and 1; nothing to locate"
         )
     zs = [f"blocks.{layer}.{Z}" for layer in range(layers)]
-    cache = run_with_cache(lm, [signal, short], names=zs, positions="all")
-    plain_z, short_z = [cache.rows(n)[0] for n in zs], [cache.rows(n)[1] for n in zs]
     biases = [f"blocks.{layer}.{BIAS}" for layer in range(layers)]
     grads = lm.gradients(short, lambda out: expected_count(out, sets), wrt=[*zs, *biases])
-    lift = -math.log(config.factor)
-    estimate, bias_estimate = np.zeros((layers, heads)), np.zeros((layers, heads))
-    for layer in range(layers):
-        dz = grads.activations[zs[layer]][0].double()  # [tokens, heads, d_head]
-        moved = (plain_z[layer] - short_z[layer]).double()
-        estimate[layer] = (dz * moved).sum(dim=(0, 2)).numpy() / change
-        db = grads.activations[biases[layer]][0].double()  # [heads, queries, keys]
-        bias_estimate[layer] = (db[:, :, keys].sum(dim=(1, 2)) * lift).numpy() / change
-    order = np.argsort(-estimate, axis=None, kind="stable")[: config.top]
-    chosen = [(int(i), int(h)) for i, h in zip(*np.unravel_index(order, estimate.shape))]
-    hooked = [(lambda n: n.endswith(Z), patching([[pair] for pair in chosen], plain_z))]
-    alone = expected_count(lm.run_with_hooks([short] * len(chosen), fwd_hooks=hooked), sets).numpy()
-    steps = [chosen[:k] for k in range(len(chosen) + 1)]
-    together = lm.run_with_hooks([short] * len(steps), fwd_hooks=[(lambda n: n.endswith(Z), patching(steps, plain_z))])
-    shares = (expected_count(together, sets).numpy() - e_short) / change
+    # The two runs agree on every token before the span's first: only the tails from there on differ
+    # inside the model, so they run after one shared prefix, and patching a head's output there is
+    # patching it everywhere.
+    start = min(keys)
+    tails = [slice_signal(short, start), slice_signal(signal, start)]
+    tail = list(range(len(signal) - start))
+    with evaluation(lm):
+        shared = SharedPrefix.compute(lm, signal, start)
+        with recording(lm, tails, zs, [tail, tail]) as stored:
+            lm.forward_batch(pad_signals(tails), logits_to_keep=1, prefix=shared.keys)
+        short_z, plain_z = [stored[n][0] for n in zs], [stored[n][1] for n in zs]
+        lift = -math.log(config.factor)
+        estimate, bias_estimate = np.zeros((layers, heads)), np.zeros((layers, heads))
+        for layer in range(layers):
+            dz = grads.activations[zs[layer]][0][start:].double()  # [tail tokens, heads, d_head]
+            estimate[layer] = (dz * (plain_z[layer] - short_z[layer]).double()).sum(dim=(0, 2)).numpy() / change
+            db = grads.activations[biases[layer]][0].double()  # [heads, queries, keys]
+            bias_estimate[layer] = (db[:, :, keys].sum(dim=(1, 2)) * lift).numpy() / change
+        order = np.argsort(-estimate, axis=None, kind="stable")[: config.top]
+        chosen = [(int(i), int(h)) for i, h in zip(*np.unravel_index(order, estimate.shape))]
+        steps = [[pair] for pair in chosen] + [chosen[:k] for k in range(len(chosen) + 1)]
+        shapes = {n: tuple(short_z[layer].shape[1:]) for layer, n in enumerate(zs)}
+        rows = []
+        for step in steps:
+            row: dict[str, tuple[list[int], torch.Tensor]] = {}
+            for layer, head in step:
+                mixed = row[zs[layer]][1] if zs[layer] in row else short_z[layer].clone()
+                mixed[:, head] = plain_z[layer][:, head]
+                row[zs[layer]] = (tail, mixed)
+            rows.append(row)
+        patched = torch.cat(
+            [
+                forward_rows(lm, shared, [tails[0]] * len(rows[k : k + ROWS]), rows[k : k + ROWS], shapes)
+                for k in range(0, len(rows), ROWS)
+            ]
+        )
+    counts = expected_count(patched, sets).numpy()
+    alone, together = counts[: len(chosen)], counts[len(chosen) :]
+    shares = (together - e_short) / change
     reached = [k for k, s in enumerate(shares) if s >= 0.5]
     assert signal.text is not None and signal.offsets is not None
     return CircuitRecord(
@@ -240,9 +252,9 @@ def find_circuit(
         bias_estimate=bias_estimate,
         top=[f"L{layer}H{head}" for layer, head in chosen],
         patched=[float(v) for v in (alone - e_short) / change],
-        x=[float(k) for k in range(len(steps))],
+        x=[float(k) for k in range(len(chosen) + 1)],
         labels=list(DIGITS),
-        probs=digit_probs(together, sets).tolist(),
+        probs=digit_probs(patched[len(chosen) :], sets).tolist(),
         shares=[float(v) for v in shares],
         half=reached[0] if reached else None,
         truth=int(truth),

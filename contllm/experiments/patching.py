@@ -102,7 +102,7 @@ class PatchingResult(ItemRecords[PatchRecord], record=PatchRecord):
 Row = dict[str, tuple[list[int], torch.Tensor]]
 
 
-def _forward_rows(
+def forward_rows(
     lm: Any, shared: SharedPrefix, tails: Sequence[Signal], rows: Sequence[Row], shapes: dict[str, tuple[int, ...]]
 ) -> torch.Tensor:
     """Last-position logits [rows, vocab] of ``tails`` after the shared prefix, row r patched as ``rows[r]`` says.
@@ -148,7 +148,7 @@ def patch_item(lm: Any, item_id: str, prompt: Prompt, factor: float, *, heads: b
         def value(run: int, name: str) -> torch.Tensor:
             return stored[name][run]
 
-        checks = _forward_rows(
+        checks = forward_rows(
             lm,
             shared,
             [scaled_tail, scaled_tail],
@@ -171,7 +171,7 @@ def patch_item(lm: Any, item_id: str, prompt: Prompt, factor: float, *, heads: b
         logits = torch.cat(
             [runs[:, -1].float().cpu()]
             + [
-                _forward_rows(lm, shared, [scaled_tail] * len(rows[k : k + ROWS]), rows[k : k + ROWS], shapes)
+                forward_rows(lm, shared, [scaled_tail] * len(rows[k : k + ROWS]), rows[k : k + ROWS], shapes)
                 for k in range(0, len(rows), ROWS)
             ]
         )
