@@ -7,7 +7,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -44,20 +43,10 @@ def tiny_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     For tests of a run's machinery (a launch, a device map, every default option of an
     experiment through the command line) that need a real tokenizer but not a real model.
     """
-    import torch
-    import transformers as tf
-
     from contllm.models import ensure_cached
+    from tests.unit.tiny import save_directory, tiny_llama
 
     tokenizer_dir = ensure_cached("smollm2-135m")
     vocab = json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"]
-    torch.manual_seed(0)
-    config = tf.LlamaConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=False,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("models") / "tiny-llama"
-    tf.AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_dir / name, path / name)
-    return path
+    model = tiny_llama(vocab, max_position_embeddings=512)
+    return save_directory(tmp_path_factory.mktemp("models") / "tiny-llama", model, tokenizer_dir)

@@ -8,31 +8,19 @@ pictures hold what the page shows. Skipped, with the reason, without selenium or
 
 from __future__ import annotations
 
-import importlib.util
 import io
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from contllm import ContinuousLM, registry
 from tests.unit.readable import check_readable
+from tests.unit.scripts import ROOT, load_script
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _gallery() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("contllm_docs_gallery", ROOT / "docs" / "gallery.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gallery = _gallery()
+gallery = load_script(ROOT / "docs" / "gallery.py", "contllm_docs_gallery")
 
 #: The smallest run of each experiment that still has something to show: (options, items).
 SMALL: dict[str, tuple[dict[str, Any], str | None]] = {

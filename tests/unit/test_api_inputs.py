@@ -12,14 +12,12 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 import contllm
 from contllm import ContinuousLM, ModelLoadError, Signal, SignalError, UnsupportedModelError
 from contllm.core.engine import ContextLengthWarning
 from contllm.core.signal import MAX_TIME
-from tests.unit.tiny import COMMON, VOCAB, prompt, random_durations, tiny_model
+from tests.unit.tiny import VOCAB, prompt, random_durations, tiny_llama, tiny_lm, tiny_model, word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -30,10 +28,7 @@ APPLE = (9, 14)  # the first "apple"
 
 @pytest.fixture(scope="module")
 def lm() -> ContinuousLM:
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
-    return ContinuousLM(tiny_model("llama", "eager"), tokenizer)
+    return tiny_lm("llama", word_level_tokenizer(WORDS), "eager")
 
 
 @pytest.fixture(scope="module")
@@ -218,9 +213,7 @@ def test_a_read_position_that_sees_only_zero_durations_raises(lm: ContinuousLM, 
 
 # ---------------------------------------------------------------------- context length
 def short_context_lm(limit: int = 16) -> ContinuousLM:
-    config = tf.LlamaConfig(**{**COMMON, "max_position_embeddings": limit})
-    torch.manual_seed(0)
-    return ContinuousLM(tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval())
+    return ContinuousLM(tiny_llama(max_position_embeddings=limit, attn_implementation="eager"))
 
 
 def recorded(call: Callable[[], Any]) -> list[warnings.WarningMessage]:

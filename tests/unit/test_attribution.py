@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
@@ -21,7 +20,7 @@ from contllm.errors import SignalError
 from contllm.experiments.attribution import EXPERIMENT, AttributionResult, ItemAttribution, line_start
 from contllm.experiments.counting import SHOTS
 from contllm.lm import wrap
-from tests.unit.tiny import prompt, random_durations, tiny_model, tiny_model64
+from tests.unit.tiny import prompt, random_durations, tiny_model, tiny_model64, word_level_tokenizer
 
 pytestmark = [pytest.mark.unit, pytest.mark.numerics]
 
@@ -267,9 +266,7 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
     """Word-level: the few-shot words, the first counting words, the digits and the prompt's punctuation."""
     words = [w for w, _ in SHOTS] + [item.word for item in load_counting()[:4]] + ["contains", "words", '"', "."]
     vocab = ["<unk>"] + list(dict.fromkeys(words + [str(k) for k in range(10)]))
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    return word_level_tokenizer(vocab)
 
 
 OPTIONS = {"steps": "16", "first": "2"}

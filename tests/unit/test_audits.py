@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import contllm
@@ -19,7 +18,7 @@ from contllm.audits.studies import STUDIES
 from contllm.experiments.base import Experiment, Metric
 from contllm.experiments.records import Record, Records
 from contllm.rundir.report import load_run
-from tests.unit.tiny import tiny_model
+from tests.unit.tiny import tiny_lm, word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -38,20 +37,12 @@ TIMES = {"created", "seconds"}
 def word_tokenizer() -> PreTrainedTokenizerFast:
     vocab = ["<unk>", *dict.fromkeys(WORDS)]
     assert len(vocab) <= 97
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
-    )
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
-
-
-def tiny_lm() -> ContinuousLM:
-    return ContinuousLM(tiny_model("llama"), word_tokenizer())
+    return word_level_tokenizer(vocab, digits=True)
 
 
 @pytest.fixture(scope="module")
 def lm() -> ContinuousLM:
-    return tiny_lm()
+    return tiny_lm("llama", word_tokenizer())
 
 
 @pytest.fixture(scope="module")

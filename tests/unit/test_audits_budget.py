@@ -14,14 +14,15 @@ from contllm.core.chunks import FORWARD_OVERHEAD
 from contllm.core.engine import Engine
 from contllm.data import select_items
 from contllm.rundir.runner import compute_records, context_for
-from tests.unit.test_audits import tiny_lm
+from tests.unit.test_audits import word_tokenizer
+from tests.unit.tiny import tiny_lm
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
 def lm() -> ContinuousLM:
-    return tiny_lm()
+    return tiny_lm("llama", word_tokenizer())
 
 
 @pytest.mark.parametrize(

@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from contllm import hardware
+from tests.unit.scripts import BENCHMARKS, import_benchmark
 
 pytestmark = pytest.mark.unit
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def sweep() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import one another as scripts do
-    try:
-        return importlib.import_module("sweep")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return import_benchmark("sweep")
 
 
 @pytest.mark.parametrize(

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
 from contllm.core.engine import Engine
 from contllm.core.signal import Signal
 from contllm.experiments.counting_interpolation import EXPERIMENT, CountingInterpolationConfig, plan_item
-from tests.unit.tiny import tiny_model
+from tests.unit.tiny import tiny_model, word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -25,9 +24,7 @@ WORDS = ["Question", ":", "In", "the", "sentence", '"', ",", "how", "many", "tim
 
 def word_tokenizer() -> PreTrainedTokenizerFast:
     vocab = ["<unk>", *dict.fromkeys(WORDS)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    return word_level_tokenizer(vocab)
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,9 @@ commands hold.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -24,20 +22,12 @@ import contllm
 from contllm import registry
 from contllm.experiments.base import Experiment
 from contllm.experiments.options import Option
+from tests.unit.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
-
-def _hooks() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("contllm_docs_hooks", DOCS / "hooks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-hooks = _hooks()
+hooks = load_script(DOCS / "hooks.py", "contllm_docs_hooks")
 
 
 @pytest.fixture(scope="module")
@@ -174,16 +164,7 @@ def test_the_readme_is_a_front_page_whose_links_and_numbers_hold() -> None:
 
 # ---------------------------------------------------------------- quoted numbers (docs/quotes.py)
 
-
-def _quotes() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("contllm_docs_quotes", DOCS / "quotes.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-quotes = _quotes()
+quotes = load_script(DOCS / "quotes.py", "contllm_docs_quotes")
 
 #: A sentence about a default run, the main job or the defaults ...
 ABOUT_DEFAULTS = re.compile(
@@ -348,10 +329,7 @@ def _docstrings() -> list[tuple[str, str]]:
 
 def test_every_docstring_renders_as_markdown() -> None:
     """No reST table rule, role or '::' literal marker is left in any docstring after the docs' conversion."""
-    spec = importlib.util.spec_from_file_location("contllm_docstrings", DOCS / "griffe_docstrings.py")
-    assert spec is not None and spec.loader is not None
-    convert = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(convert)
+    convert = load_script(DOCS / "griffe_docstrings.py", "contllm_docstrings")
     rule = re.compile(r"^\s*=+(\s+=+)+\s*$")
     role = re.compile(r":(func|class|meth|data|attr|mod|exc|obj):`")
     docstrings = _docstrings()

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
@@ -29,7 +28,7 @@ from contllm.experiments.equivalence import (
     run_grid,
     select_words,
 )
-from tests.unit.tiny import tiny_model, tiny_model64
+from tests.unit.tiny import tiny_model, tiny_model64, word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -42,9 +41,7 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
     chosen = select_words(load_counting(), 2)
     words = [w for w, _ in SHOTS] + [item.word for item in chosen] + ["contains", "words", '"', "."]
     vocab = ["<unk>"] + list(dict.fromkeys(words + [str(k) for k in range(10)]))
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    return word_level_tokenizer(vocab)
 
 
 @pytest.fixture(scope="module")

@@ -181,9 +181,9 @@ def test_results_without_a_read_out_get_no_page() -> None:
 def test_explore_sweeps_once_and_the_slider_shows_each_factor() -> None:
     import contllm
     from contllm import ContinuousLM, SignalError
-    from tests.unit.test_models_unit import tiny_model, tiny_tokenizer
+    from tests.unit.tiny import tiny_tokenizer, word_llama
 
-    lm = ContinuousLM(tiny_model(3), tiny_tokenizer())
+    lm = ContinuousLM(word_llama(3), tiny_tokenizer())
     signal = lm.signal("the cat sat on a mat")
     spans = signal.find("cat")
     found = contllm.explore(lm, signal, spans, factors=[0.25, 1.0, 2.0], top=4)

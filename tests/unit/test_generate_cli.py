@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from contllm import ContinuousLM, load
 from contllm.cli.commands import app
-from tests.unit.test_models_unit import tiny_directory
+from tests.unit.tiny import word_directory
 
 pytestmark = pytest.mark.unit
 
@@ -20,7 +20,7 @@ PROMPT = "the cat sat on a mat"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_directory(tmp_path_factory.mktemp("word-llama"))
+    return word_directory(tmp_path_factory.mktemp("word-llama"))
 
 
 @pytest.mark.parametrize(

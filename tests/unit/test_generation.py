@@ -6,9 +6,7 @@ import pytest
 import torch
 
 from contllm import ContinuousLM, Signal, SignalError
-from tests.unit.test_models_unit import tiny_model as tiny_word_model
-from tests.unit.test_models_unit import tiny_tokenizer
-from tests.unit.tiny import FAMILY_NAMES, backends, prompt, tiny_model
+from tests.unit.tiny import FAMILY_NAMES, backends, prompt, tiny_model, tiny_tokenizer, word_llama
 
 pytestmark = pytest.mark.unit
 
@@ -141,7 +139,7 @@ def test_a_prompt_of_embeddings_continues_like_its_tokens() -> None:
 
 
 def test_eos_and_stop_strings_end_a_row_and_stay_in_it() -> None:
-    lm = ContinuousLM(tiny_word_model(3), tiny_tokenizer())
+    lm = ContinuousLM(word_llama(3), tiny_tokenizer())
     signal = lm.signal("the cat sat on a mat")
     free = lm.generate(signal, 12, stop_at_eos=False)
     words = free.text.split()

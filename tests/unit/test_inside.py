@@ -94,13 +94,6 @@ SCALED = [3, 5]  # the tail patched runs from token 3 to the read position (toke
 DIGIT_IDS = TokenSets(tuple(str(k) for k in range(10)), tuple((10 + k,) for k in range(10)))
 
 
-def tiny_lm(family: str):
-    from contllm import ContinuousLM
-    from tests.unit.tiny import tiny_model
-
-    return ContinuousLM(tiny_model(family, "eager"))
-
-
 def tiny_prompt():
     from contllm import Signal
     from contllm.experiments.inside import Prompt
@@ -128,6 +121,7 @@ def expected_count(lm, signal, patches=()) -> float:
 def test_every_head_of_a_layer_patched_is_its_attention_output_patched(family: str) -> None:
     from contllm.core.families import decoder_layers, head_counts
     from contllm.internals.activations import Patch, patch, run_with_cache
+    from tests.unit.tiny import tiny_lm
 
     lm, item = tiny_lm(family), tiny_prompt()
     plain, scaled = item.signal, item.at(0.2)
@@ -193,6 +187,7 @@ def test_patch_item_with_heads_restores_what_each_head_patched_alone_restores(fa
     from contllm.core.families import decoder_layers, head_counts
     from contllm.experiments import patching
     from contllm.internals.activations import Patch, run_with_cache
+    from tests.unit.tiny import tiny_lm
 
     monkeypatch.setattr(patching, "digit_sets", lambda lm: DIGIT_IDS)
     monkeypatch.setattr(patching, "ROWS", 7)  # several batches, one holding residual and head rows

@@ -3,38 +3,27 @@ estimate follows the patched forwards, and the page quotes the numbers it wrote.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM
-from tests.unit.tiny import VOCAB, tiny_model
+from tests.unit.scripts import ROOT, load_script
+from tests.unit.tiny import VOCAB, tiny_model, word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("inside_circuit", ROOT / "scripts" / "inside_circuit.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "scripts" / "inside_circuit.py", "inside_circuit")
 
 
 def word_tokenizer() -> PreTrainedTokenizerFast:
     words = ['"', ".", "cat", "dog", "apple", "contains", "words", *map(str, range(10))]
-    vocab = {w: i for i, w in enumerate(["<unk>", *words, *(f"w{i}" for i in range(VOCAB - len(words) - 1))])}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>")
+    return word_level_tokenizer(["<unk>", *words, *(f"w{i}" for i in range(VOCAB - len(words) - 1))])
 
 
 def test_the_script_computes_every_heads_shares_on_a_tiny_model() -> None:

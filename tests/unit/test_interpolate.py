@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, SignalError
 from contllm.core.interpolate import interpolate_spans, mix
-from tests.unit.tiny import tiny_model
+from tests.unit.tiny import tiny_model, word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -18,9 +17,7 @@ WORDS = ["<unk>", "what", "is", "1", "0", "and", "or", "not", "exclusive", "?", 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    return word_level_tokenizer(WORDS)
 
 
 def pair(lm: ContinuousLM, op_a: str, op_b: str):

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
@@ -29,7 +28,7 @@ from contllm.experiments.word_interpolation import (
     summarize_sweeps,
     yes_no,
 )
-from tests.unit.tiny import tiny_model, tiny_model64
+from tests.unit.tiny import tiny_model, tiny_model64, word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -54,9 +53,7 @@ OWN_CSV = (
 def word_tokenizer() -> PreTrainedTokenizerFast:
     """Word-level: one token per word ("sea lions" is two), anything else <unk>."""
     vocab = ["<unk>", *dict.fromkeys(WORDS)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    return word_level_tokenizer(vocab)
 
 
 @pytest.fixture(scope="module")

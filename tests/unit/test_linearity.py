@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
@@ -27,7 +26,7 @@ from contllm.experiments.linearity import (
     real_path,
     run_path,
 )
-from tests.unit.tiny import tiny_model
+from tests.unit.tiny import tiny_model, word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -41,9 +40,7 @@ WORDS += [w for _, a, b in PROMPT_PAIRS for w in (a + " " + b).split()]
 def word_tokenizer() -> PreTrainedTokenizerFast:
     vocab = ["<unk>", *dict.fromkeys(WORDS)]
     assert len(vocab) <= 97
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    return word_level_tokenizer(vocab)
 
 
 @pytest.fixture(scope="module")

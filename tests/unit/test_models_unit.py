@@ -14,44 +14,13 @@ from typing import Any
 import pytest
 import torch
 import transformers as tf
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 from contllm import models as M
 from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
 from contllm.models import cache, catalog, chunked, conversion
+from tests.unit.tiny import tiny_tokenizer, word_directory, word_llama
 
 pytestmark = pytest.mark.unit
-
-WORDS = ["<unk>", "<s>", "</s>", "the", "cat", "sat", "on", "a", "mat", "dog"]
-
-
-def tiny_tokenizer() -> tf.PreTrainedTokenizerFast:
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-
-
-def tiny_model(seed: int = 0) -> tf.LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = tf.LlamaConfig(
-        vocab_size=len(WORDS),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    return tf.LlamaForCausalLM(config).eval()
-
-
-def tiny_directory(path: Path) -> Path:
-    tiny_model().save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
-
 
 class FakeSource:
     """Stands in for a packaged GGUF; the matching ``_load_gguf`` is patched in the fixture."""
@@ -89,7 +58,7 @@ def fake_alias(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     def fake_load_gguf(path: Path) -> tuple[Any, Any, dict[str, float]]:
         assert path.name == "tiny.gguf"
         state["conversions"] += 1
-        return tiny_model(), tiny_tokenizer(), {"tokenizer_s": 0.0, "model_s": 0.0}
+        return word_llama(), tiny_tokenizer(), {"tokenizer_s": 0.0, "model_s": 0.0}
 
     monkeypatch.setitem(M.REGISTRY, "tiny", entry)
     monkeypatch.setattr(conversion, "_load_gguf", fake_load_gguf)
@@ -155,18 +124,18 @@ def test_file_is_not_a_directory(tmp_path: Path) -> None:
 
 
 def test_load_local_directory(tmp_path: Path) -> None:
-    directory = tiny_directory(tmp_path / "tiny")
+    directory = word_directory(tmp_path / "tiny")
     loaded = M.load_model(directory, device="cpu")
     assert loaded.info.family == "llama"
     assert loaded.info.alias is None
     assert loaded.info.device == "cpu"
     assert loaded.info.dtype == torch.float32
     assert loaded.info.attn_implementation == "sdpa"
-    assert loaded.info.n_parameters == sum(p.numel() for p in tiny_model().parameters())
+    assert loaded.info.n_parameters == sum(p.numel() for p in word_llama().parameters())
     assert not loaded.model.training
     ids = torch.tensor([[1, 3, 4, 5]])
     with torch.no_grad():
-        expected = tiny_model()(ids).logits
+        expected = word_llama()(ids).logits
         got = loaded.model(ids).logits
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
 
@@ -176,7 +145,7 @@ def test_a_load_draws_no_progress_bar_and_leaves_the_setting_as_it_was(
 ) -> None:
     from transformers.utils import logging as hf_logging
 
-    directory = tiny_directory(tmp_path / "tiny")
+    directory = word_directory(tmp_path / "tiny")
     capfd.readouterr()
     hf_logging.enable_progress_bar()
     try:
@@ -196,13 +165,13 @@ def test_a_load_draws_no_progress_bar_and_leaves_the_setting_as_it_was(
 
 
 def test_load_local_directory_in_bfloat16_eager(tmp_path: Path) -> None:
-    loaded = M.load_model(tiny_directory(tmp_path / "tiny"), dtype="bf16", attn_implementation="eager")
+    loaded = M.load_model(word_directory(tmp_path / "tiny"), dtype="bf16", attn_implementation="eager")
     assert loaded.model.dtype == torch.bfloat16
     assert loaded.info.attn_implementation == "eager"
 
 
 def test_device_map_is_passed_to_accelerate(tmp_path: Path) -> None:
-    loaded = M.load_model(tiny_directory(tmp_path / "tiny"), device_map="auto")
+    loaded = M.load_model(word_directory(tmp_path / "tiny"), device_map="auto")
     assert loaded.info.device == "cpu" and not loaded.model.training
 
 
@@ -277,7 +246,7 @@ def test_cache_root_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
 
 def test_written_entry_is_valid_and_loads(tmp_path: Path) -> None:
-    target = M.write_cache_entry(tiny_model(), tiny_tokenizer(), tmp_path / "tiny", {"source": {"sha256": "x"}})
+    target = M.write_cache_entry(word_llama(), tiny_tokenizer(), tmp_path / "tiny", {"source": {"sha256": "x"}})
     assert M.cache_entry_problems(target, source_sha256="x") == []
     assert M.cache_entry_problems(target, source_sha256="x", deep=True) == []
     record = json.loads((target / M.RECORD_NAME).read_text())
@@ -296,7 +265,7 @@ def test_every_file_of_an_entry_gets_the_same_mode(tmp_path: Path) -> None:
 
 
 def _entry(tmp_path: Path) -> Path:
-    return M.write_cache_entry(tiny_model(), tiny_tokenizer(), tmp_path / "tiny", {"source": {"sha256": "x"}})
+    return M.write_cache_entry(word_llama(), tiny_tokenizer(), tmp_path / "tiny", {"source": {"sha256": "x"}})
 
 
 def test_truncated_safetensors_is_detected(tmp_path: Path) -> None:
@@ -554,7 +523,7 @@ def test_alias_is_converted_once_then_read_from_cache(fake_alias: dict[str, Any]
     ids = torch.tensor([[1, 3, 4]])
     with torch.no_grad():
         torch.testing.assert_close(first.model(ids).logits, second.model(ids).logits, rtol=0, atol=0)
-        torch.testing.assert_close(second.model(ids).logits, tiny_model()(ids).logits, rtol=0, atol=1e-6)
+        torch.testing.assert_close(second.model(ids).logits, word_llama()(ids).logits, rtol=0, atol=1e-6)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
     assert not (tmp_path / "tiny" / "_gguf").exists()
 
@@ -570,7 +539,7 @@ def test_corrupt_entry_warns_and_is_rebuilt(fake_alias: dict[str, Any], tmp_path
     assert M.cache_entry_problems(tmp_path / "tiny") == []
     ids = torch.tensor([[1, 3, 4]])
     with torch.no_grad():
-        torch.testing.assert_close(loaded.model(ids).logits, tiny_model()(ids).logits, rtol=0, atol=1e-6)
+        torch.testing.assert_close(loaded.model(ids).logits, word_llama()(ids).logits, rtol=0, atol=1e-6)
 
 
 @pytest.mark.usefixtures("large_files")
@@ -584,7 +553,7 @@ def test_4k_flip_in_cached_weights_warns_and_is_rebuilt(fake_alias: dict[str, An
     assert M.cache_entry_problems(tmp_path / "tiny", deep=True) == []
     ids = torch.tensor([[1, 3, 4]])
     with torch.no_grad():
-        torch.testing.assert_close(loaded.model(ids).logits, tiny_model()(ids).logits, rtol=0, atol=1e-6)
+        torch.testing.assert_close(loaded.model(ids).logits, word_llama()(ids).logits, rtol=0, atol=1e-6)
 
 
 @pytest.mark.usefixtures("large_files")
@@ -739,7 +708,7 @@ def chunked_alias(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, 
     def fake_load_gguf(path: Path) -> tuple[Any, Any, dict[str, float]]:
         assert path.read_bytes() == joined
         state["conversions"] += 1
-        return tiny_model(), tiny_tokenizer(), {"tokenizer_s": 0.0, "model_s": 0.0}
+        return word_llama(), tiny_tokenizer(), {"tokenizer_s": 0.0, "model_s": 0.0}
 
     monkeypatch.setitem(M.REGISTRY, "tiny-chunked", entry)
     monkeypatch.setattr(conversion, "_load_gguf", fake_load_gguf)

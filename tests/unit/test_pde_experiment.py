@@ -9,8 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
 from contllm.pde import EXPERIMENT, PDEConfig, PDEResult, run_pde
@@ -20,7 +18,7 @@ from contllm.pde.result import CSV_COLUMNS, PROFILE_COLUMNS
 from contllm.rundir.files import csv_text
 from contllm.rundir.outputs import result_tables
 from contllm.rundir.runner import context_for
-from tests.unit.tiny import VOCAB, tiny_model
+from tests.unit.tiny import VOCAB, tiny_lm, word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -35,9 +33,7 @@ def lm() -> ContinuousLM:
     text = shipped_text() + " " + " ".join(p.text for p in shipped_prompts())
     counts = collections.Counter(re.findall(r"\w+|[^\w\s]+", text))
     vocab = ["<unk>"] + [w for w, _ in counts.most_common(VOCAB - 1)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return ContinuousLM(tiny_model("llama"), PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>"))
+    return tiny_lm("llama", word_level_tokenizer(vocab))
 
 
 @pytest.fixture(scope="module")

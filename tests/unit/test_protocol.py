@@ -7,7 +7,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
@@ -15,7 +14,7 @@ from contllm.core.readout import PAPER_YES_NO, containing
 from contllm.data import EventItem
 from contllm.experiments import counting, events, sums, word_interpolation
 from contllm.models import DEFAULT_MODEL
-from tests.unit.tiny import tiny_model
+from tests.unit.tiny import tiny_model, word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -99,9 +98,7 @@ def test_the_paper_samples_100_factors_unless_told_and_the_defaults_stay() -> No
 
 def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     vocab = ["<unk>", *dict.fromkeys(words)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    return word_level_tokenizer(vocab)
 
 
 def test_the_papers_read_out_takes_every_token_containing_the_word() -> None:

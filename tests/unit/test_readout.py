@@ -6,17 +6,16 @@ import gc
 
 import pytest
 import transformers as tf
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, models
 
 from contllm.core import readout
+from tests.unit.tiny import word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
 
 def word_tokenizer(words: list[str]) -> tf.PreTrainedTokenizerFast:
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=words[0])
+    return word_level_tokenizer(words, unk=words[0])
 
 
 def test_vocabulary_is_cached_per_object_and_dropped_with_it() -> None:

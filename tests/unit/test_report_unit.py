@@ -15,18 +15,11 @@ from contllm.errors import RunDirectoryError
 from contllm.experiments import save
 from contllm.experiments.sweeps import ExperimentResult, Sweep
 from contllm.rundir.report import REPORT_FILES, write_report
+from tests.unit.test_cli import one_line_error
 
 pytestmark = pytest.mark.unit
 
 runner = CliRunner()
-
-
-def one_line_error(result, needle: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1, result.output
-    assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
-    assert "Traceback" not in result.output
 
 
 def counting_result(model: str, x: np.ndarray) -> ExperimentResult:

@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import Signal, SignalError, pad_signals
+from tests.unit.tiny import word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -18,9 +18,7 @@ pytestmark = pytest.mark.unit
 def tokenizer() -> PreTrainedTokenizerFast:
     """A word-level fast tokenizer built in the test: one token per word, with offsets."""
     words = ["<unk>", "how", "many", "apple", "apples", "pear", "are", "there", "?", ":", "the", "red"]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace()])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    return word_level_tokenizer(words)
 
 
 def test_times_follow_durations_from_start() -> None:

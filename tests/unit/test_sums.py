@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
@@ -28,7 +27,7 @@ from contllm.experiments.sums import (
     render_item,
     run_item,
 )
-from tests.unit.tiny import tiny_model64
+from tests.unit.tiny import tiny_model64, word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -40,9 +39,7 @@ def digit_tokenizer() -> PreTrainedTokenizerFast:
     """Word-level with every digit its own token; a few words of the prompt, everything else <unk>."""
     words = ["Question", "Answer", ":", "+", "=", "?", ".", "has", "and", "more", "How", "many"]
     vocab = ["<unk>"] + [str(k) for k in range(10)] + words
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    return word_level_tokenizer(vocab, digits=True)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from contllm import ContinuousLM, ExperimentError, registry
@@ -17,7 +16,7 @@ from contllm.core.engine import Engine
 from contllm.experiments import run_experiment, summarize
 from contllm.experiments.tokens import EXPERIMENT, TokensConfig
 from contllm.experiments.tracking import Track, TrackResult, load_items, track
-from tests.unit.tiny import VOCAB, tiny_model, tiny_model64
+from tests.unit.tiny import VOCAB, tiny_model, tiny_model64, word_level_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -33,9 +32,7 @@ OPTIONS = {"range": "0,1", "samples": "5", "factors": "0,1.5", "threshold": "0.0
 def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     vocab = ["<unk>"] + list(dict.fromkeys(words))
     assert len(vocab) <= VOCAB
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    return word_level_tokenizer(vocab)
 
 
 def tokenizer() -> PreTrainedTokenizerFast:

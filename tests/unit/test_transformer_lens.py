@@ -19,7 +19,7 @@ import transformers as tf
 
 from contllm import ContinuousLM, Signal
 from contllm.internals.hookpoints import hook_names
-from tests.unit.tiny import COMMON, VOCAB, prompt, tiny_model
+from tests.unit.tiny import COMMON, VOCAB, prompt, tiny_model, word_level_tokenizer
 
 bridge_module = pytest.importorskip("transformer_lens.model_bridge", reason="pip install 'contllm[tl]'")
 
@@ -60,11 +60,7 @@ SHARED = {
 
 def word_tokenizer() -> tf.PreTrainedTokenizerFast:
     """A word-level tokenizer over the tiny vocabulary (TransformerLens wants one; these tests feed ids)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    core = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = tf.PreTrainedTokenizerFast(tokenizer_object=core, bos_token="t1", eos_token="t2", unk_token="t0")
+    tokenizer = word_level_tokenizer([f"t{i}" for i in range(VOCAB)], unk="t0", bos_token="t1", eos_token="t2")
     # TransformerLens reloads a tokenizer by name unless it already adds a BOS token.
     tokenizer.init_kwargs.update(name_or_path="tiny", add_bos_token=True)
     return tokenizer

@@ -10,8 +10,7 @@ import transformers as tf
 
 import contllm
 from contllm import ContinuousLM, Signal, UnsupportedModelError
-from tests.unit.test_models_unit import tiny_tokenizer
-from tests.unit.tiny import CONFIGS, prompt
+from tests.unit.tiny import prompt, save_directory, tiny_llama, tiny_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -19,11 +18,7 @@ pytestmark = pytest.mark.unit
 @pytest.fixture(scope="module")
 def saved_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama and a word-level tokenizer saved as a model directory."""
-    path = tmp_path_factory.mktemp("llama")
-    torch.manual_seed(0)
-    tf.AutoModelForCausalLM.from_config(CONFIGS["llama"]()).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
+    return save_directory(tmp_path_factory.mktemp("llama"), tiny_llama(), tiny_tokenizer())
 
 
 @pytest.mark.parametrize("how", ["wrap", "constructor"])

@@ -1,13 +1,18 @@
-"""Tiny random models of every supported family, built in the tests (nothing downloaded)."""
+"""Tiny random models of every supported family, tokenizers and model directories, built here (nothing downloaded)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 import transformers as tf
+from tokenizers import Tokenizer, models, pre_tokenizers
 
+from contllm import ContinuousLM
 from contllm.core.families import FAMILIES
 
 VOCAB = 97
@@ -124,6 +129,84 @@ def tiny_model64(family: str, impl: str = "eager") -> torch.nn.Module:
     model = tf.AutoModelForCausalLM.from_config(_config(family), attn_implementation=impl)
     model.load_state_dict(_state(family))
     return model.to(torch.float64).eval()
+
+
+def tiny_lm(family: str = "llama", tokenizer: Any = None, impl: str = "eager") -> ContinuousLM:
+    """``tiny_model(family, impl)`` wrapped, with ``tokenizer`` if given (the model is the cached, shared one)."""
+    return ContinuousLM(tiny_model(family, impl), tokenizer)
+
+
+# ------------------------------------------------------------------ word-level tokenizers, fresh Llamas, directories
+
+
+def word_level_tokenizer(
+    vocab: Sequence[str], *, unk: str = "<unk>", digits: bool = False, **special: str
+) -> tf.PreTrainedTokenizerFast:
+    """A word-level fast tokenizer whose token id ``i`` is ``vocab[i]``; any other word is ``unk``.
+
+    Text splits at whitespace and between word characters and punctuation (with offsets);
+    ``digits`` also splits numbers into single digits. ``special`` names special tokens
+    (``bos_token="<s>"``, ...), each a word of ``vocab``.
+    """
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token=unk))
+    if digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=unk, **special)
+
+
+def tiny_llama(vocab_size: int = VOCAB, *, seed: int = 0, **settings: Any) -> tf.LlamaForCausalLM:
+    """A new random Llama (fp32, eval) drawn after ``torch.manual_seed(seed)``: ``COMMON``'s config with
+    ``vocab_size`` and ``settings`` (any LlamaConfig field, ``attn_implementation`` too) over it.
+
+    Unlike ``tiny_model`` nothing is cached: every call builds its own copy, with the same
+    weights for the same arguments (``tiny_llama()`` has those of ``CONFIGS["llama"]`` built
+    from the same seed).
+    """
+    torch.manual_seed(seed)
+    return tf.LlamaForCausalLM(tf.LlamaConfig(**{**COMMON, "vocab_size": vocab_size, **settings})).eval()
+
+
+#: The word-level Llama's vocabulary: ids 0, 1, 2 are its unk, bos and eos tokens (COMMON's bos and eos ids).
+WORDS = ["<unk>", "<s>", "</s>", "the", "cat", "sat", "on", "a", "mat", "dog"]
+#: The word-level Llama's sizes over COMMON: two layers of width 32 at transformers' default init range.
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, initializer_range=0.02)
+
+
+def tiny_tokenizer(words: Sequence[str] = WORDS) -> tf.PreTrainedTokenizerFast:
+    """The word-level tokenizer over ``words`` (``<unk>``, ``<s>``, ``</s>`` first), bos ``<s>``, eos ``</s>``."""
+    return word_level_tokenizer(words, bos_token="<s>", eos_token="</s>")
+
+
+def word_llama(seed: int = 0, words: Sequence[str] = WORDS, max_position_embeddings: int = 64) -> tf.LlamaForCausalLM:
+    """A new random ``SMALL`` Llama whose vocabulary is ``words`` (the ids of ``tiny_tokenizer(words)``)."""
+    return tiny_llama(len(words), seed=seed, max_position_embeddings=max_position_embeddings, **SMALL)
+
+
+def save_directory(path: Path, model: torch.nn.Module, tokenizer: Any) -> Path:
+    """``model`` and ``tokenizer`` saved at ``path`` as a local model directory; returns ``path``.
+
+    ``tokenizer`` is a tokenizer object, or a model directory whose ``tokenizer.json`` and
+    ``tokenizer_config.json`` are copied as they are.
+    """
+    model.save_pretrained(path)
+    if isinstance(tokenizer, Path):
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tokenizer / name, path / name)
+    else:
+        tokenizer.save_pretrained(path)
+    return path
+
+
+def word_directory(path: Path, words: Sequence[str] = WORDS, max_position_embeddings: int = 64) -> Path:
+    """``word_llama(0, words, max_position_embeddings)`` and ``tiny_tokenizer(words)`` saved at ``path``."""
+    return save_directory(path, word_llama(0, words, max_position_embeddings), tiny_tokenizer(words))
+
+
+# ------------------------------------------------------------------ inputs
 
 
 def prompt(n: int, seed: int = 0) -> torch.Tensor:
