@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 **{k: (None if v is None else round(v, 3)) for k, v in seconds.items()},
             },
             "overhead": round(overhead, 3),
-            "efficiency": round(efficiency, 3),
+            "efficiency": float(f"{efficiency:.3g}"),  # three significant digits: a tiny model's is ~0.002
             "matmul_gflops": round(rate / 1e9, 1),
             "tflop": round(flops / 1e12, 3),
             "tokens": tokens,
