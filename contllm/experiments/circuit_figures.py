@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from contllm.plotting import finding, heading, plt
+from contllm.plotting import finding, heading, legend_outside, plt
 
 
 def circuit_finding(records: Sequence[Any]) -> tuple[str, str]:
@@ -72,7 +72,7 @@ def circuit_figure(result: Any, records: Sequence[Any] | None = None) -> Any:
     axes[2].set_ylabel("share of the change brought back")
     axes[2].set_title("The top heads' outputs patched together", loc="left", fontsize=9)
     if len(records) <= 8:
-        axes[2].legend(fontsize=7)
+        legend_outside(axes[2], title="item")
     _heads(
         fig,
         axes[3],

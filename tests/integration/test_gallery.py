@@ -41,6 +41,7 @@ SMALL: dict[str, tuple[dict[str, Any], str | None]] = {
     "lens": ({"first": "1", "samples": "3"}, None),
     "attention-mass": ({"first": "1", "samples": "3"}, None),
     "counting-interpolation": ({"samples": "3"}, "2"),
+    "circuit": ({"first": "1", "top": "2"}, None),
 }
 
 
