@@ -24,16 +24,15 @@ from contllm import registry
 from contllm.attribution import DEFAULT_STEPS, MAX_STEPS, RULES, Readout, attribute, occlusion
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Experiment, Metric, RunContext, Table, option_table
+from contllm.experiments.datasets import DatasetPrompts
 from contllm.experiments.records import ItemRecords, Record
 
-#: The datasets whose items can be attributed (each is also an experiment).
-DATASETS = ("counting", "events")
 TOKEN_SETS = ("item", "all")
 READOUTS = ("count", "truth", "log-truth")
 
 
 @dataclass
-class AttributionConfig:
+class AttributionConfig(DatasetPrompts):
     """Options of the attribution experiment.
 
     dataset: "counting" or "events"; its experiment builds each prompt and names the span.
@@ -50,10 +49,6 @@ class AttributionConfig:
     first: how many items of the dataset (its first N, balanced over category/kind and n); 0: all.
     """
 
-    dataset: str = "counting"
-    data: str | None = None
-    template: str | None = None
-    chat: bool = False
     tokens: str = "item"
     readout: str = "count"
     steps: int = DEFAULT_STEPS
@@ -62,8 +57,7 @@ class AttributionConfig:
     first: int = 8
 
     def __post_init__(self) -> None:
-        if self.dataset not in DATASETS:
-            raise ExperimentError(f"--dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+        self.check_dataset()
         if self.tokens not in TOKEN_SETS:
             raise ExperimentError(f"--tokens must be one of {', '.join(TOKEN_SETS)}, got {self.tokens!r}")
         if self.readout not in READOUTS:
@@ -79,16 +73,6 @@ class AttributionConfig:
         if isinstance(self.first, bool) or not isinstance(self.first, int) or self.first < 0:
             raise ExperimentError(f"--first must be an integer >= 0 (0: every item), got {self.first!r}")
         self.dataset_config()
-
-    def dataset_config(self) -> Any:
-        """The dataset experiment's config whose one-value sweep is the plain prompt (factor 1)."""
-        options: dict[str, Any] = {"template": self.template, "chat": self.chat, "low": 1.0, "high": 1.0, "samples": 1}
-        if self.data is not None:
-            options["data"] = self.data
-        try:
-            return registry.get(self.dataset).Config(**options)
-        except TypeError:
-            raise ExperimentError(f"--data is not available for the {self.dataset} dataset in this version") from None
 
 
 @dataclass
@@ -256,10 +240,7 @@ class AttributionExperiment(Experiment[ItemAttribution, AttributionResult]):
     )
 
     def items(self, config: AttributionConfig) -> Sequence[Any]:
-        items = list(registry.get(config.dataset).items(config.dataset_config()))
-        if config.first > len(items):  # as --items 999 is refused, not silently cut to what there is
-            raise ExperimentError(f"--first {config.first}: the {config.dataset} dataset has {len(items)} items")
-        return items[: config.first] if config.first else items
+        return config.first_items(config.first)
 
     def plan(self, lm: Any, item: Any, config: AttributionConfig) -> tuple[Any, list[int], list[int], Readout, Any]:
         """The item's prompt signal, its span tokens, the attributed tokens, the read-out and the plan."""

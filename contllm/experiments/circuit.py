@@ -39,10 +39,9 @@ from contllm import registry
 from contllm.core.families import decoder_layers, head_counts
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Experiment, Metric, RunContext, Table, option_table
+from contllm.experiments.datasets import DatasetPrompts
 from contllm.experiments.records import ItemRecords, Record
 
-#: The datasets whose items a circuit is found for (each is also an experiment).
-DATASETS = ("counting", "events")
 #: Patched rows per forward; each row is the tokens after the shared prefix.
 ROWS = 64
 #: The points read per head: each head's output (patched) and its duration bias (differentiated).
@@ -52,7 +51,7 @@ DIGITS = [str(k) for k in range(10)]
 
 
 @dataclass
-class CircuitConfig:
+class CircuitConfig(DatasetPrompts):
     """Options of the circuit experiment.
 
     dataset: "counting" or "events"; its experiment builds each prompt and names the span.
@@ -62,17 +61,12 @@ class CircuitConfig:
     first: how many items of the dataset (its first N, balanced over category/kind and n); 0: all.
     """
 
-    dataset: str = "counting"
-    data: str | None = None
-    template: str | None = None
-    chat: bool = False
     factor: float = 0.5
     top: int = 8
     first: int = 4
 
     def __post_init__(self) -> None:
-        if self.dataset not in DATASETS:
-            raise ExperimentError(f"--dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+        self.check_dataset()
         if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)):
             raise ExperimentError(f"--factor must be a number, got {self.factor!r}")
         if not (0 < self.factor < 1 or 1 < self.factor <= 100) or not math.isfinite(self.factor):
@@ -84,16 +78,6 @@ class CircuitConfig:
         if isinstance(self.first, bool) or not isinstance(self.first, int) or self.first < 0:
             raise ExperimentError(f"--first must be an integer >= 0 (0: every item), got {self.first!r}")
         self.dataset_config()
-
-    def dataset_config(self) -> Any:
-        """The dataset experiment's config whose one-value sweep is the plain prompt (factor 1)."""
-        options: dict[str, Any] = {"template": self.template, "chat": self.chat, "low": 1.0, "high": 1.0, "samples": 1}
-        if self.data is not None:
-            options["data"] = self.data
-        try:
-            return registry.get(self.dataset).Config(**options)
-        except TypeError:
-            raise ExperimentError(f"--data is not available for the {self.dataset} dataset in this version") from None
 
 
 @dataclass
@@ -318,10 +302,7 @@ class CircuitExperiment(Experiment[CircuitRecord, CircuitResult]):
     )
 
     def items(self, config: CircuitConfig) -> Sequence[Any]:
-        items = list(registry.get(config.dataset).items(config.dataset_config()))
-        if config.first > len(items):
-            raise ExperimentError(f"--first {config.first}: the {config.dataset} dataset has {len(items)} items")
-        return items[: config.first] if config.first else items
+        return config.first_items(config.first)
 
     def run_item(self, lm: Any, config: CircuitConfig, item: Any, context: RunContext) -> CircuitRecord:
         plan = registry.get(config.dataset).plan_item(lm, item, config.dataset_config())
