@@ -225,10 +225,10 @@ def peaks_panel(ax: Any, sweeps: Sequence[Sweep]) -> None:
     somewhere on the sweep, over n, against the chance rate 1/n; each bar says its improvement over chance (a ratio)."""
     rates = metrics.peak_rates([metrics.count_curve(s) for s in sweeps])
     values = [rates.pure, rates.unpure, rates.chance]
-    names = [
-        "pure:\ncounts 1..n\non top somewhere",
-        "unpure:\nany digit\non top somewhere",
-        "chance:\none count only\n(1/n)",
+    names = [  # short lines: three labels share the panel's width
+        "pure:\na count 1..n\non top",
+        "unpure:\nany digit\non top",
+        "chance:\none count\n(1/n)",
     ]
     ax.bar(range(3), values, color=["tab:blue", "tab:purple", "0.6"])
     ratios = [rates.pure_improvement, rates.unpure_improvement, 1.0]
