@@ -2,8 +2,10 @@
 
 * :mod:`~contllm.internals.hookpoints`: the TransformerLens-named points of a stock
   model, kept per model;
-* :mod:`~contllm.internals.intervention`: the named-hook context (``lm.hooks()``), whose
-  site table dispatches each point to its installer;
+* :mod:`~contllm.internals.intervention`: the named-hook context (``lm.hooks()``);
+  :mod:`~contllm.internals.sites` its table of one installer per kind of point,
+  :mod:`~contllm.internals.hookrun` what a hook function is told and what a run keeps,
+  :mod:`~contllm.internals.binding` hooks bound to their signals and hooks added until reset;
 * :mod:`~contllm.internals.hooks`: the raw-layer API beneath it (output, input and
   replaced-forward hooks that remove themselves);
 * :mod:`~contllm.internals.hooked_attention`: attention patterns and scores as points;

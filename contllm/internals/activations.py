@@ -237,7 +237,7 @@ def run_with_hooks(
     fwd_hooks: (target, fn) pairs; target an activation name, a short form
         (``("resid_post", 5)``), a predicate ``fn(name) -> bool`` or a list of them; fn
         ``(activation, hook) -> replacement or None`` gets the whole padded batch's values
-        (:mod:`contllm.internals.hookpoints` lists their shapes) and a :class:`~contllm.internals.intervention.Hook`
+        (:mod:`contllm.internals.hookpoints` lists their shapes) and a :class:`~contllm.internals.hookrun.Hook`
         (its name, layer, and the batch's times and durations per column).
     bwd_hooks: (target, fn) pairs with fn(grad, hook) -> replacement or None, run when a
         gradient passes through the activation (call ``.backward()`` on the returned logits).
@@ -257,7 +257,7 @@ def run_with_hooks(
     SignalError for an unknown name, a bad position, hooks that are not a list of (target,
     fn) pairs, a target that is no name or predicate, a hook function returning anything
     but None or a float tensor of the value's shape
-    (:func:`contllm.internals.intervention.replacement`), a return_type of another kind, a
+    (:func:`contllm.internals.hookrun.replacement`), a return_type of another kind, a
     loss of signals without token ids or without two tokens, or a signal ``lm.logits``
     would refuse.
     """
@@ -283,7 +283,7 @@ def run_with_hooks(
 
 
 def hooked_logits(lm: Any, signals: Signal | Sequence[Signal], positions: Positions = "last") -> Any:
-    """``lm.logits`` while hooks are on (:func:`contllm.internals.intervention.hooks_on`): one padded forward of
+    """``lm.logits`` while hooks are on (:func:`contllm.internals.binding.hooks_on`): one padded forward of
     ``signals`` through the hooks (no engine: no chunks, no reordering, no shared prefix), shaped as ``lm.logits``
     gives them, without the autograd graph."""
     single = isinstance(signals, Signal)
