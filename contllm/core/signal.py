@@ -24,8 +24,6 @@ output is undefined (0/0 in the attention integral), and evaluating it raises.
 from __future__ import annotations
 
 import math
-import numbers
-import operator
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,95 +31,18 @@ from typing import Any
 
 import torch
 
+from contllm.core import signal_values as checks
+from contllm.core.signal_values import Span
 from contllm.errors import SignalError
 from contllm.numerals import MAX_TIME
 
-Span = tuple[int, int]
+__all__ = ["DEFAULT_START", "MAX_TIME", "Signal", "SignalBatch", "Span", "pad_signals"]
 
 #: Time of the integration start; with it, unit durations give times 0, 1, 2, ...
 DEFAULT_START = -1.0
 
 #: Rows ``repr(signal)`` shows in full; a longer signal shows its first and last tokens.
 REPR_ROWS = 48
-
-
-def _as_float_vector(values: Any, name: str) -> torch.Tensor:
-    if isinstance(values, (str, bytes)):
-        raise SignalError(f"{name} must be a 1-D sequence of numbers, got the string {values!r}")
-    try:
-        tensor = torch.as_tensor(values, dtype=torch.float64).detach().cpu()
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise SignalError(f"{name} must be a 1-D sequence of numbers, got {_describe(values)} ({err})") from err
-    if tensor.ndim != 1:
-        raise SignalError(f"{name} must be a 1-D sequence, got shape {tuple(tensor.shape)}")
-    return tensor
-
-
-def _check_durations(durations: torch.Tensor) -> None:
-    if not torch.isfinite(durations).all():
-        bad = torch.nonzero(~torch.isfinite(durations)).flatten().tolist()
-        raise SignalError(f"durations must be finite; non-finite values at token indices {bad}")
-    if (durations < 0).any():
-        bad = torch.nonzero(durations < 0).flatten().tolist()
-        raise SignalError(f"durations must be >= 0; negative values at token indices {bad}")
-
-
-def _describe(value: Any) -> str:
-    """``value`` for an error message: its type and a short repr."""
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
-
-
-def _as_number(value: Any, name: str) -> float:
-    """``value`` as a float; SignalError naming ``name`` for strings, booleans and non-numbers."""
-    if isinstance(value, (str, bytes, bool)):
-        raise SignalError(f"{name} must be a number, got {_describe(value)}")
-    try:
-        return float(value)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise SignalError(f"{name} must be a number, got {_describe(value)}") from err
-
-
-def _as_index(value: Any, name: str) -> int:
-    """``value`` as an int (a Python, NumPy or 0-d torch integer); SignalError naming ``name`` otherwise."""
-    if isinstance(value, bool):
-        raise SignalError(f"{name} must be an integer, got {_describe(value)}")
-    try:
-        return operator.index(value)
-    except TypeError as err:
-        raise SignalError(f"{name} must be an integer, got {_describe(value)}") from err
-
-
-def _check_embeds_finite(embeds: torch.Tensor) -> None:
-    if not torch.isfinite(embeds).all():
-        raise SignalError("embeds contain NaN or infinite values")
-
-
-def _check_times_finite(times: torch.Tensor) -> None:
-    if not torch.isfinite(times).all():
-        raise SignalError("times must be finite")
-
-
-def _check_times(times: torch.Tensor) -> None:
-    """SignalError unless every time is finite and within +-MAX_TIME (names the first bad token)."""
-    bad = ~(times.abs() <= MAX_TIME)  # also true for NaN
-    if bad.any():
-        i = int(torch.nonzero(bad)[0])
-        raise SignalError(
-            f"token {i} would sit at time {float(times[i]):.6g}: times must lie within +-{MAX_TIME:g} "
-            "(contllm.core.signal.MAX_TIME; the model reads them as float32 positions, which cannot resolve "
-            "a time step beyond it); check the durations, times and start"
-        )
-
-
-def _unit_if_none(durations: Sequence[float] | torch.Tensor | None, n: int) -> torch.Tensor:
-    """``durations`` as a float vector, or n unit durations when none are given."""
-    return torch.ones(n, dtype=torch.float64) if durations is None else _as_float_vector(durations, "durations")
-
-
-def _times_or_none(times: Sequence[float] | torch.Tensor | None) -> torch.Tensor | None:
-    """``times`` as a float vector, or None (times follow the durations)."""
-    return None if times is None else _as_float_vector(times, "times")
 
 
 @dataclass(frozen=True)
@@ -148,12 +69,12 @@ class Signal:
 
     def __post_init__(self) -> None:
         # Every tensor is the signal's own copy: a signal shares none with its source or its edits.
-        durations = _as_float_vector(self.durations, "durations").clone()
+        durations = checks.as_float_vector(self.durations, "durations").clone()
         object.__setattr__(self, "durations", durations)
         n = durations.shape[0]
         if n == 0:
             raise SignalError("a signal needs at least one token; this one is empty")
-        _check_durations(durations)
+        checks.check_durations(durations)
         if self.token_ids is None and self.embeds is None:
             raise SignalError("a signal needs token_ids or embeds; both are missing")
         if self.token_ids is not None:
@@ -167,25 +88,25 @@ class Signal:
             object.__setattr__(self, "token_ids", ids.long().clone())
         if self.embeds is not None:
             if not isinstance(self.embeds, torch.Tensor):
-                raise SignalError(f"embeds must be a torch.Tensor [tokens, hidden], got {_describe(self.embeds)}")
+                raise SignalError(f"embeds must be a torch.Tensor [tokens, hidden], got {checks.describe(self.embeds)}")
             embeds = self.embeds.detach()
             if not embeds.is_floating_point():
                 raise SignalError(f"embeds must be a floating-point tensor, got {embeds.dtype}")
             if embeds.ndim != 2 or embeds.shape[0] != n:
                 raise SignalError(f"embeds must have shape [tokens, hidden] with {n} tokens, got {tuple(embeds.shape)}")
-            _check_embeds_finite(embeds)
+            checks.check_embeds_finite(embeds)
             object.__setattr__(self, "embeds", embeds.clone())
         if self.explicit_times is not None:
-            times = _as_float_vector(self.explicit_times, "times")
+            times = checks.as_float_vector(self.explicit_times, "times")
             if times.shape[0] != n:
                 raise SignalError(f"{times.shape[0]} times but {n} durations; the lengths must match")
-            _check_times_finite(times)
+            checks.check_times_finite(times)
             object.__setattr__(self, "explicit_times", times.clone())
-        start = _as_number(self.start, "start")
+        start = checks.as_number(self.start, "start")
         if not math.isfinite(start):
             raise SignalError(f"start must be finite, got {self.start}")
         object.__setattr__(self, "start", start)
-        _check_times(self.times)
+        checks.check_times(self.times)
         if self.offsets is not None and len(self.offsets) != n:
             raise SignalError(f"{len(self.offsets)} character offsets but {n} tokens")
 
@@ -198,12 +119,12 @@ class Signal:
         finite, every time within +-:data:`MAX_TIME`, embeds finite.
         """
         try:
-            _check_durations(self.durations)
+            checks.check_durations(self.durations)
             if self.explicit_times is not None:
-                _check_times_finite(self.explicit_times)
-            _check_times(self.times)
+                checks.check_times_finite(self.explicit_times)
+            checks.check_times(self.times)
             if self.embeds is not None:
-                _check_embeds_finite(self.embeds)
+                checks.check_embeds_finite(self.embeds)
         except SignalError as err:
             raise SignalError(f"{name}: {err}") from None
 
@@ -227,13 +148,15 @@ class Signal:
         try:
             ids = torch.as_tensor(token_ids)
         except (TypeError, ValueError, RuntimeError, OverflowError) as err:
-            raise SignalError(f"token_ids must be a 1-D sequence of integers, got {_describe(token_ids)}") from err
+            raise SignalError(
+                f"token_ids must be a 1-D sequence of integers, got {checks.describe(token_ids)}"
+            ) from err
         if ids.ndim != 1:
             raise SignalError(f"token_ids must be 1-D, got shape {tuple(ids.shape)}")
         return cls(
-            durations=_unit_if_none(durations, len(ids)),
+            durations=checks.unit_if_none(durations, len(ids)),
             token_ids=ids,
-            explicit_times=_times_or_none(times),
+            explicit_times=checks.times_or_none(times),
             start=start,
         )
 
@@ -248,13 +171,13 @@ class Signal:
     ) -> Signal:
         """A signal from input embeddings [tokens, hidden] given directly (hidden: the model's width)."""
         if not isinstance(embeds, torch.Tensor):
-            raise SignalError(f"embeds must be a torch.Tensor [tokens, hidden], got {_describe(embeds)}")
+            raise SignalError(f"embeds must be a torch.Tensor [tokens, hidden], got {checks.describe(embeds)}")
         if embeds.ndim != 2:
             raise SignalError(f"embeds must have shape [tokens, hidden], got {tuple(embeds.shape)}")
         return cls(
-            durations=_unit_if_none(durations, embeds.shape[0]),
+            durations=checks.unit_if_none(durations, embeds.shape[0]),
             embeds=embeds,
-            explicit_times=_times_or_none(times),
+            explicit_times=checks.times_or_none(times),
             start=start,
         )
 
@@ -336,7 +259,7 @@ class Signal:
         """Character spans of every occurrence of ``needle`` in the text (left to right)."""
         text = self._require_text()
         if not isinstance(needle, str):
-            raise SignalError(f"needle must be a string, got {_describe(needle)}")
+            raise SignalError(f"needle must be a string, got {checks.describe(needle)}")
         if not needle:
             raise SignalError("cannot search for an empty string")
         pattern = re.escape(needle)
@@ -353,7 +276,7 @@ class Signal:
         """Indices of the tokens whose characters overlap any of ``spans`` (sorted)."""
         text = self._require_text()
         assert self.offsets is not None
-        span_list = _span_list(spans)
+        span_list = checks.span_list(spans)
         chosen: set[int] = set()
         for a, b in span_list:
             if not (0 <= a < b <= len(text)):
@@ -373,7 +296,7 @@ class Signal:
         spans: a pair of integer character offsets ``(start, end)`` or a list of them (as
         :meth:`find` returns). The scaled times must stay within +-:data:`MAX_TIME`.
         """
-        factor = _check_factor(factor)
+        factor = checks.check_factor(factor)
         return self.scale_tokens(self.token_indices(spans), factor)
 
     def delete(self, spans: Span | Iterable[Span]) -> Signal:
@@ -386,7 +309,7 @@ class Signal:
 
     def scale_tokens(self, indices: Iterable[int], factor: float) -> Signal:
         """Multiply the durations of the tokens at ``indices`` by ``factor`` >= 0."""
-        factor = _check_factor(factor)
+        factor = checks.check_factor(factor)
         idx = self._check_indices(indices)
         durations = self.durations.clone()
         durations[idx] = durations[idx] * factor
@@ -397,14 +320,14 @@ class Signal:
 
     def with_durations(self, durations: Sequence[float] | torch.Tensor) -> Signal:
         """The same tokens with new durations [tokens] (finite, >= 0; times within +-:data:`MAX_TIME`)."""
-        return replace(self, durations=_as_float_vector(durations, "durations"))
+        return replace(self, durations=checks.as_float_vector(durations, "durations"))
 
     def with_times(self, times: Sequence[float] | torch.Tensor | None) -> Signal:
         """The same tokens at explicit times [tokens] (None: times follow the durations again).
 
         Every time must lie within +-:data:`MAX_TIME`.
         """
-        return replace(self, explicit_times=_times_or_none(times))
+        return replace(self, explicit_times=checks.times_or_none(times))
 
     def repeat(self, span: Span, count: int) -> Signal:
         """Repeat the tokens overlapping ``span`` so that they occur ``count`` times in a row."""
@@ -474,8 +397,8 @@ class Signal:
 
     def _check_indices(self, indices: Iterable[int]) -> list[int]:
         if isinstance(indices, (str, bytes)) or not isinstance(indices, Iterable):
-            raise SignalError(f"token indices must be a sequence of integers, got {_describe(indices)}")
-        idx = [_as_index(i, "a token index") for i in indices]
+            raise SignalError(f"token indices must be a sequence of integers, got {checks.describe(indices)}")
+        idx = [checks.as_index(i, "a token index") for i in indices]
         n = len(self)
         for i in idx:
             if not -n <= i < n:
@@ -492,48 +415,6 @@ class Signal:
             explicit_times=None if self.explicit_times is None else self.explicit_times[index],
             offsets=None if self.offsets is None else tuple(self.offsets[i] for i in order),
         )
-
-
-def _check_factor(factor: Any) -> float:
-    value = _as_number(factor, "a duration factor")
-    if not math.isfinite(value) or value < 0:
-        raise SignalError(f"a duration factor must be finite and >= 0, got {factor}")
-    return value
-
-
-def _is_pair(value: Any) -> bool:
-    """Whether ``value`` looks like one span: a 2-sequence of scalars (not of pairs)."""
-    return (
-        isinstance(value, (tuple, list))
-        and len(value) == 2
-        and all(isinstance(v, (numbers.Number, str)) or (isinstance(v, torch.Tensor) and v.ndim == 0) for v in value)
-    )
-
-
-def _span(value: Any) -> Span:
-    bad = SignalError(
-        f"a character span is a pair of integer offsets (start, end), got {_describe(value)}; "
-        "spans come from Signal.find or are written as (start, end)"
-    )
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise bad
-    try:
-        return (_as_index(value[0], "start"), _as_index(value[1], "end"))
-    except SignalError:
-        raise bad from None
-
-
-def _span_list(spans: Span | Iterable[Span]) -> list[Span]:
-    if isinstance(spans, (str, bytes)):
-        raise SignalError(f"spans must be (start, end) character offsets, got the string {spans!r}; use Signal.find")
-    if _is_pair(spans):
-        return [_span(spans)]
-    if not isinstance(spans, Iterable):
-        raise SignalError(f"spans must be a (start, end) pair or a list of them, got {_describe(spans)}")
-    out = [_span(s) for s in spans]
-    if not out:
-        raise SignalError("no character span given")
-    return out
 
 
 @dataclass(frozen=True)
