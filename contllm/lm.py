@@ -338,7 +338,7 @@ class ContinuousLM:
         engine), each time bound to that call's signals, before the call's own hooks; a
         backward hook fires in forwards that keep the graph (:meth:`run_with_hooks` keeps it
         while one is added). :meth:`generate` refuses to run while any is added.
-        Nothing sits on the model between calls: :func:`contllm.internals.intervention.add_hook`.
+        Nothing sits on the model between calls: :func:`contllm.internals.binding.add_hook`.
         """
         add_hook(self, name, hook, dir)
 
