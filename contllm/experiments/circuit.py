@@ -137,11 +137,6 @@ def digit_probs(logits: torch.Tensor, sets: Any) -> np.ndarray:
     return (probs / probs.sum(-1, keepdim=True)).cpu().numpy()
 
 
-def _layer(name: str) -> int:
-    """The layer of a point named ``blocks.{i}. ...``."""
-    return int(name.split(".")[1])
-
-
 def parse_head(label: str) -> tuple[int, int]:
     """(layer, head) of a label "L14H5"."""
     layer, head = label[1:].split("H")
