@@ -17,24 +17,12 @@ from contllm.core.families import decoder_layers, head_counts, parallel_blocks
 from contllm.errors import SignalError
 from contllm.internals.hooked_attention import _SITES as SITES
 from contllm.internals.intervention import LayerIndex
+from tests.unit.test_intervention import hooks_on, max_diff
 from tests.unit.tiny import prompt, random_durations, tiny_model, tiny_model64
 
 pytestmark = [pytest.mark.unit, pytest.mark.numerics]
 
 LONG, SHORT = 8, 5
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max())
-
-
-def hooks_on(model: torch.nn.Module) -> set[tuple[str, int]]:
-    """Every forward hook and pre-hook on ``model``, by module name and handle id."""
-    return {
-        (name, key)
-        for name, module in model.named_modules()
-        for key in [*module._forward_hooks, *(-1 - k for k in module._forward_pre_hooks)]
-    }
 
 
 def ragged(seed: int = 0) -> list[Signal]:
