@@ -100,6 +100,22 @@ def describe(cap: dict[str, Any] | None = None) -> str:
     )
 
 
+def describe_device(device: Any) -> str:
+    """One line for the device a model runs on: :func:`describe` for the CPU, the GPU's name otherwise.
+
+    device: a torch device or its name ("cpu", "cuda:0", "mps"), e.g. ``gpu: NVIDIA H200 (cuda:0)``.
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cpu":
+        return describe()
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"gpu: {torch.cuda.get_device_name(index)} (cuda:{index})"
+    return f"{device.type}: {platform.machine()}"
+
+
 #: The matmul :func:`half_matmul_speedup` times: [rows, width] x [width, 3 x width], the
 #: shape of a small model's MLP over one chunk of a sweep.
 PROBE_ROWS = 512

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from contllm.errors import ModelLoadError
+from contllm.models.autodtype import DtypeChoice
 from contllm.models.cache import sha256_file
 from contllm.models.chunked import ChunkedGguf, chunk_parts
 
@@ -402,6 +403,8 @@ class ModelInfo:
     device: str
     dtype: torch.dtype
     attn_implementation: str | None
+    #: What dtype="auto" measured and picked (None for a dtype given by name).
+    dtype_choice: DtypeChoice | None = None
 
 
 @dataclass

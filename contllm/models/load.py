@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 
 from contllm.core.families import FAMILIES, family_of
 from contllm.errors import ContllmError, ModelLoadError, UnsupportedModelError
+from contllm.models.autodtype import is_auto
 from contllm.models.cache import cache_entry_problems, cache_root, read_record
 from contllm.models.catalog import (
     DEFAULT_MODEL,
@@ -56,6 +57,11 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
             return dtype
     elif isinstance(dtype, str) and dtype.strip().lower().removeprefix("torch.") in _DTYPE_NAMES:
         return _DTYPE_NAMES[dtype.strip().lower().removeprefix("torch.")]
+    if is_auto(dtype):
+        raise ModelLoadError(
+            "dtype 'auto' is chosen by contllm.load (it times the loaded model in float32 and bfloat16); "
+            f"load_model takes {', '.join(_DTYPE_NAMES)} or the torch dtypes"
+        )
     raise ModelLoadError(f"unsupported dtype {dtype!r}; allowed: {', '.join(_DTYPE_NAMES)} or the torch dtypes")
 
 
