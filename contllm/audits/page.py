@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from contllm.audits.atlas import ATLAS, Entry, Pair, Point, family_text, parameters_text
 from contllm.audits.card import Card, Finding, Number
 from contllm.rundir.pages import html_text, json_in_html
 
@@ -206,12 +207,15 @@ def _page(title: str, body: str, data: Any) -> str:
 # ---------------------------------------------------------------------------- several cards
 
 
-def compare_page(cards: Sequence[tuple[str, Card, Path]], out: Path) -> str:
+def compare_page(cards: Sequence[tuple[str, Card, Path]], out: Path, atlas: Sequence[Entry] = ()) -> str:
     """One page of several cards side by side: (label, card, its audit directory) each; the page goes into ``out``.
 
     One row per (experiment, metric) that any card holds, one column per card; the best
-    value of a row (by the metric's declared direction) is marked. Below, each experiment's
-    summary figures side by side, with links to each card's runs and explorer pages.
+    value of a row (by the metric's declared direction) is marked. Under the table, the
+    atlas (:mod:`contllm.audits.atlas`): each entry's figure against model size with its
+    sentence, the points' values and item counts, which pairs of cards are resolved and
+    which cards its figure leaves out. Below, each experiment's summary figures side by
+    side, with links to each card's runs and explorer pages.
     """
     head = "".join(
         f'<th>{_link_if(d / "card.html", out, label)}<div class="role">{html_text(c.protocol)}</div></th>'
@@ -262,7 +266,7 @@ def compare_page(cards: Sequence[tuple[str, Card, Path]], out: Path) -> str:
         title,
         f'<table class="overview"><tr><th>result</th><th>metric</th>{head}<th>meaning</th></tr>{"".join(rows)}</table>'
         '<p class="note">Bold: the best value of a row by the metric\'s direction. Intervals: 95% bootstrap over '
-        "items.</p>" + "".join(figures),
+        "items.</p>" + _atlas(atlas, len({c.protocol for _, c, _ in cards}) > 1) + "".join(figures),
         data,
     )
 
@@ -302,3 +306,82 @@ def _best(numbers: Sequence[Number | None]) -> set[int]:
     sign = -1.0 if have[0][1].direction == "higher" else 1.0
     top = min(sign * n.value for _, n in have)  # type: ignore[operator]
     return {k for k, n in have if sign * n.value == top}  # type: ignore[operator]
+
+
+# ---------------------------------------------------------------------------- the atlas
+
+
+def _atlas(atlas: Sequence[Entry], protocols: bool) -> str:
+    """The atlas section: how to read its figures, then one part per entry (``protocols``: the cards differ in
+    protocol, so each card is named with its own)."""
+    if not atlas:
+        return ""
+    parts = [
+        '<section id="atlas"><h2>Against model size</h2><p class="note">One figure per number: each card\'s value '
+        "against its model's parameter count (log scale), the bar its 95% bootstrap interval over items, n the items "
+        "behind it; the marker is the model's family, the colour and fill the protocol. A difference between two "
+        "cards is resolved only where their intervals do not overlap. Each figure is also saved beside this page, in "
+        f"{ATLAS}/.</p>"
+    ]
+    for entry in atlas:
+        parts.append(_atlas_entry(entry, protocols))
+    return "".join(parts) + "</section>"
+
+
+def _atlas_entry(entry: Entry, protocols: bool) -> str:
+    role = "headline" if entry.role == "headline" else "the paper's"
+    image = _figure(entry.figure) if entry.figure is not None else None
+    picture = (
+        f'<img class="atlas" alt="{html_text(entry.experiment)} {html_text(entry.metric)} against model size" '
+        f'src="{image}">'
+        if image
+        else '<p class="note">No figure: no card gives this number for a model of known size.</p>'
+    )
+    points = "".join(f"<li>{_point(p, protocols)}</li>" for p in entry.points)
+    left = "".join(
+        f"<li><b>{html_text(label)}</b> is left out of this figure: {html_text(why)}.</li>"
+        for label, why in entry.left_out
+    )
+    detail = f' <span class="items">({html_text(entry.detail)})</span>' if entry.detail else ""
+    return (
+        f'<section class="atlas-entry"><h3>{html_text(entry.experiment)} · <code>{html_text(entry.metric)}</code> '
+        f'<span class="role">{role}, {html_text(entry.direction)} is better</span></h3>'
+        f'<p class="sentence">{html_text(entry.sentence)}{detail}</p>{picture}'
+        f'<ul class="meta">{points}</ul>{_pairs(entry.pairs, protocols)}'
+        + (f'<ul class="note">{left}</ul>' if left else "")
+        + "</section>"
+    )
+
+
+def _who(point: Point, protocols: bool) -> str:
+    return f"{point.label} [{point.protocol}]" if protocols else point.label
+
+
+def _point(point: Point, protocols: bool) -> str:
+    size = "size unknown" if point.parameters is None else f"{parameters_text(point.parameters)} parameters"
+    about = f"{family_text(point.family)}, {size}" + (f", {point.protocol}" if protocols else "")
+    return (
+        f"<b>{html_text(point.label)}</b> ({html_text(about)}): {fmt(point.value)} "
+        f'<span class="ci">{html_text(interval(point))}</span> <span class="items">n={point.items} items</span>'
+    )
+
+
+def _pairs(pairs: Sequence[Pair], protocols: bool) -> str:
+    """Which pairs of cards are resolved (the higher named first) and which are not, each pair once."""
+    if not pairs:
+        return '<p class="note">Fewer than two cards give this number: no pair to resolve.</p>'
+    apart = [
+        f"{_who(p.higher, protocols)} higher than {_who(p.second if p.higher is p.first else p.first, protocols)}"
+        for p in pairs
+        if p.higher is not None
+    ]
+    overlap = [
+        f"{_who(p.first, protocols)} vs {_who(p.second, protocols)}"
+        + ("" if p.first.interval and p.second.interval else " (no interval)")
+        for p in pairs
+        if not p.resolved
+    ]
+    lines = [f"<b>Resolved</b> (intervals apart): {html_text('; '.join(apart))}" if apart else "<b>Resolved</b>: none"]
+    if overlap:
+        lines.append(f"<b>Not resolved</b>: {html_text('; '.join(overlap))}")
+    return "".join(f'<p class="pairs">{line}.</p>' for line in lines)

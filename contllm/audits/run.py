@@ -454,14 +454,19 @@ COMPARE_HTML = "compare.html"
 
 
 def compare(cards: Sequence[str | Path], out: str | Path, *, force: bool = False) -> Path:
-    """Set several cards side by side in out/compare.html; returns its path.
+    """Set several cards side by side in out/compare.html, with the atlas of their numbers against model size; returns
+    the page's path.
 
     cards: card.json files or audit directories (at least two, each once). out: created if
-    needed; an existing compare.html there is replaced only with ``force``. Everything is
-    read and checked before anything is written; RunDirectoryError names what is wrong.
+    needed; an existing compare.html there is replaced only with ``force``. The atlas
+    (:mod:`contllm.audits.atlas`) draws one figure per number into out/atlas/, shown on the
+    page (an existing figure of the same name is replaced only with ``force``, too).
+    Everything is read and checked before anything is written; RunDirectoryError names
+    what is wrong.
     """
     from collections import Counter
 
+    from contllm.audits import atlas
     from contllm.audits.card import load_card
     from contllm.audits.page import compare_page
 
@@ -486,6 +491,15 @@ def compare(cards: Sequence[str | Path], out: str | Path, *, force: bool = False
     target = out / COMPARE_HTML
     if target.exists() and not force:
         raise RunDirectoryError(f"{target} exists; use --force to replace it")
+    folder = out / atlas.ATLAS
+    if folder.exists() and not folder.is_dir():
+        raise RunDirectoryError(f"{folder} exists and is not a directory; the atlas's figures go there")
+    compared = [(label, card, file.parent) for label, card, file in zip(labels, loaded, files)]
+    entries = atlas.entries(compared)
+    drawn = [folder / f"{e.name}.png" for e in entries if e.plotted]
+    held = next((path for path in drawn if path.exists()), None)
+    if held is not None and not force:
+        raise RunDirectoryError(f"{held} exists; use --force to replace it")
     out.mkdir(parents=True, exist_ok=True)
-    page = compare_page([(label, card, file.parent) for label, card, file in zip(labels, loaded, files)], out)
+    page = compare_page(compared, out, atlas.write(entries, folder))
     return atomic_write_text(target, page)
