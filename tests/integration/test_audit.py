@@ -59,13 +59,22 @@ def test_the_card_and_the_comparison_open_in_chromium_without_console_messages(
     other = tmp_path / "copy"
     shutil.copytree(out, other)  # a second audit, as a user would compare
     page = compare([out, other], tmp_path / "compared")
+    numbers = sum(len(f.numbers) for f in card.findings)  # the atlas: one part per number,
+    drawn = sum(n.value is not None for f in card.findings for n in f.numbers)  # a figure for each with a value
     with chromium() as driver:
         for html in (out / "card.html", page):
             driver.get(html.as_uri())
             assert driver.get_log("browser") == [], html
+            fetched = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+            assert [url for url in fetched if not url.startswith(("file:", "data:"))] == [], html  # nothing from afar
+            sources = driver.execute_script(
+                "return [...document.querySelectorAll('[src],[href]')].map(e => e.getAttribute('src') || e.href)"
+            )
+            assert [url for url in sources if url.startswith(("http:", "https:", "//"))] == [], html
             images = driver.find_elements(By.TAG_NAME, "img")
             loaded = [i for i in images if driver.execute_script("return arguments[0].naturalWidth", i) > 0]
-            assert len(loaded) == len(images) == len(card.findings) * (1 if html.name == "card.html" else 2), html
+            expected = len(card.findings) if html.name == "card.html" else 2 * len(card.findings) + drawn
+            assert len(loaded) == len(images) == expected, html
             for href in links(driver):
                 if href.startswith("file:"):
                     target = Path(unquote(urlparse(href).path))
@@ -74,6 +83,23 @@ def test_the_card_and_the_comparison_open_in_chromium_without_console_messages(
             colours = shot.getcolors(maxcolors=1 << 20)
             inked = sum(n for n, rgb in colours if sum(rgb) < 600) / (shot.width * shot.height)
             assert len(colours) > 20 and inked > 0.01, (html, len(colours), inked)
+        driver.get(page.as_uri())
+        atlas = driver.find_elements(By.CSS_SELECTOR, "#atlas .atlas-entry")
+        assert len(atlas) == numbers and drawn == len(list((tmp_path / "compared" / "atlas").glob("*.png"))) > 0
+        shown = 0
+        for entry in atlas:  # each figure shown under its sentence, with the item counts of its points
+            figures = entry.find_elements(By.CSS_SELECTOR, "img.atlas")
+            if not figures:  # a number undefined on the card (n/a): said, not drawn
+                assert "No figure" in entry.text and "left out of this figure" in entry.text, entry.text
+                continue
+            figure = figures[0]
+            assert figure.is_displayed() and figure.size["width"] > 300, figure.size
+            assert driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth", figure) > 0
+            assert "One model size only: no trend with scale to read" in entry.text  # the same model, twice
+            assert "n=" in entry.text and "Not resolved:" in entry.text, entry.text
+            shown += 1
+        assert shown == drawn
+        assert driver.get_log("browser") == []
         driver.get((out / "card.html").as_uri())
         text = driver.find_element(By.TAG_NAME, "body").text
         for finding in card.findings:
