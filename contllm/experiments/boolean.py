@@ -30,7 +30,7 @@ from contllm.experiments.interpolations import (
 )
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.protocol import PROTOCOL, with_paper_coverage
+from contllm.experiments.protocol import PROTOCOL
 from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepPlan, summary_start
 from contllm.lm import ContinuousLM
 
@@ -139,7 +139,8 @@ def plan_item(lm: ContinuousLM, item: BooleanItem, config: BooleanConfig) -> Swe
 
 
 def boolean_summary(result: ExperimentResult) -> dict[str, Any]:
-    """The headline numbers of a Boolean result (:attr:`BooleanExperiment.metrics`)."""
+    """The headline numbers of a Boolean result (:attr:`BooleanExperiment.metrics`): truth-table accuracy at alpha 0
+    and 1 (argmax of 0 vs 1); mean total variation and largest step of P(1)."""
     sweeps, out = summary_start(result)
 
     def correct(s: Sweep, p: np.ndarray, truth: Any) -> bool:
@@ -184,20 +185,13 @@ class BooleanExperiment(AlphaSweepExperiment):
     )
     study = Study("boolean", "mean_max_jump_p1", (), boolean_finding, spread=True)
 
-    def items(self, config: BooleanConfig) -> Sequence[BooleanItem]:
-        return boolean_items(config)
-
-    def plan_item(self, lm: Any, item: BooleanItem, config: BooleanConfig) -> SweepPlan:
-        return plan_item(lm, item, config)
+    make_items = staticmethod(boolean_items)
+    make_plan = staticmethod(plan_item)
+    summarize = staticmethod(boolean_summary)
 
     def describe(self, sweep: Sweep) -> str:
         m = sweep.meta
         return f"{m.get('first')} -> {m.get('second')} on ({m.get('a')}, {m.get('b')}), {m.get('method')}"
-
-    def summary(self, result: ExperimentResult) -> dict[str, Any]:
-        """Truth-table accuracy at alpha 0 and 1 (argmax of 0 vs 1); mean total variation and largest step of P(1);
-        with the paper's coverage where recorded."""
-        return with_paper_coverage(result, boolean_summary)
 
     def summary_figure(self, result: ExperimentResult) -> Any:
         from contllm.experiments import figures

@@ -7,9 +7,7 @@ numbers ("four 0.75-apples are about three apples").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from contllm.audits.studies import Study, counting_finding
 from contllm.data import COUNTING_SCHEMA, CountingItem, load_counting, read_counting
@@ -133,11 +131,8 @@ class CountingExperiment(CountingSweepExperiment):
         comfortable=10,
     )
 
-    def items(self, config: CountingConfig) -> Sequence[CountingItem]:
-        return config.counting_items()
-
-    def plan_item(self, lm: Any, item: CountingItem, config: CountingConfig) -> SweepPlan:
-        return plan_item(lm, item, config)
+    make_items = staticmethod(CountingConfig.counting_items)
+    make_plan = staticmethod(plan_item)
 
     def describe(self, sweep: Sweep) -> str:
         return f'"{sweep.meta.get("word")}" x {sweep.meta.get("n")}'

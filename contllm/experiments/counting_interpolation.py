@@ -28,7 +28,7 @@ from contllm.experiments.base import Metric, option_table
 from contllm.experiments.counting import QUESTION_TEMPLATE
 from contllm.experiments.interpolations import AlphaSweepExperiment, alpha_options, end_accuracy, interpolation_plan
 from contllm.experiments.prompts import check_template, render
-from contllm.experiments.protocol import PROTOCOL, resolve_defaults, resolved_samples, with_paper_coverage
+from contllm.experiments.protocol import PROTOCOL, resolve_defaults, resolved_samples
 from contllm.experiments.sweeps import (
     ExperimentResult,
     Sweep,
@@ -186,7 +186,8 @@ def other_tokens(sweep: Sweep) -> np.ndarray:
 
 
 def summarize(result: ExperimentResult) -> dict[str, Any]:
-    """The headline numbers of a counting-interpolation result (:attr:`CountingInterpolationExperiment.metrics`)."""
+    """The headline numbers of a counting-interpolation result (:attr:`CountingInterpolationExperiment.metrics`):
+    accuracy at both ends, the implied count's rank correlation with alpha, the variation of the digit curves."""
     sweeps, out = summary_start(result)
     out.update(
         end_accuracy(sweeps, ("count_first", "count_second"), lambda s, p, n: s.labels[int(np.argmax(p))] == str(n))
@@ -234,20 +235,13 @@ class CountingInterpolationExperiment(AlphaSweepExperiment):
     )
     counts = True
 
-    def items(self, config: CountingInterpolationConfig) -> Sequence[PairItem]:
-        return pair_items(config)
-
-    def plan_item(self, lm: Any, item: PairItem, config: CountingInterpolationConfig) -> SweepPlan:
-        return plan_item(lm, item, config)
+    make_items = staticmethod(pair_items)
+    make_plan = staticmethod(plan_item)
+    summarize = staticmethod(summarize)
 
     def describe(self, sweep: Sweep) -> str:
         m = sweep.meta
         return f"{m.get('word')} -> {m.get('other')} ({m.get('moved')} of {m.get('n')} moved; count {m.get('count_first')} -> {m.get('count_second')})"
-
-    def summary(self, result: ExperimentResult) -> dict[str, Any]:
-        """Accuracy at both ends, the implied count's rank correlation with alpha, the variation of the digit curves;
-        with the paper's coverage where recorded."""
-        return with_paper_coverage(result, summarize)
 
     def summary_figure(self, result: ExperimentResult) -> Any:
         return summary_figure(result)

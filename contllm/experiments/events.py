@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from contllm.audits.studies import Study, counting_finding
 from contllm.data import EVENTS_SCHEMA, EventItem, load_events, read_events
@@ -173,8 +173,7 @@ class EventsExperiment(CountingSweepExperiment):
             raise ExperimentError(f"event {config.event} does not exist; the passages have at most {longest} events")
         return [item for item in items if item.n >= config.event]
 
-    def plan_item(self, lm: Any, item: EventItem, config: EventsConfig) -> SweepPlan:
-        return plan_item(lm, item, config)
+    make_plan = staticmethod(plan_item)
 
     def describe(self, sweep: Sweep) -> str:
         meta = sweep.meta

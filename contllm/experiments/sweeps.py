@@ -448,8 +448,11 @@ def run_plans(plans: Sequence[SweepPlan], evaluate: Evaluator) -> Iterator[Sweep
 class SweepExperiment(Experiment[Sweep, ExperimentResult]):
     """An experiment whose items each become one sweep of the knob (counting, events, boolean).
 
-    Subclasses set the :class:`Experiment` attributes and ``x_label``, and implement
-    :meth:`items`, :meth:`plan_item` and :meth:`summary`.
+    Subclasses set the :class:`Experiment` attributes and ``x_label``, and name their module's
+    functions (each as a ``staticmethod``): ``make_items(config)``, every item of a config;
+    ``make_plan(lm, item, config)``, the sweep of one item before it runs; ``summarize(result)``,
+    the headline numbers. :meth:`items`, :meth:`plan_item` and :meth:`summary` call them (a
+    subclass may override those methods instead).
     """
 
     engine: ClassVar[bool] = True
@@ -458,10 +461,28 @@ class SweepExperiment(Experiment[Sweep, ExperimentResult]):
     explorer = True
     counts: ClassVar[bool] = False
     result_type = ExperimentResult
+    make_items: ClassVar[staticmethod[[Any], Sequence[Any]] | None] = None
+    make_plan: ClassVar[staticmethod[[Any, Any, Any], SweepPlan] | None] = None
+    summarize: ClassVar[staticmethod[[ExperimentResult], dict[str, Any]] | None] = None
+
+    def items(self, config: Any) -> Sequence[Any]:
+        """Every item of ``config``, in order: the experiment's ``make_items``."""
+        return self._declared("make_items")(config)
 
     def plan_item(self, lm: Any, item: Any, config: Any) -> SweepPlan:
-        """The sweep of one item, before it runs."""
-        raise NotImplementedError
+        """The sweep of one item, before it runs: the experiment's ``make_plan``."""
+        return self._declared("make_plan")(lm, item, config)
+
+    def summary(self, result: ExperimentResult) -> dict[str, Any]:
+        """The headline numbers (the experiment's ``summarize``, its :attr:`metrics`), with the paper's coverage where
+        recorded (:func:`~contllm.experiments.protocol.with_paper_coverage`)."""
+        return with_paper_coverage(result, self._declared("summarize"))
+
+    def _declared(self, name: str) -> Callable[..., Any]:
+        found = getattr(self, name)
+        if found is None:
+            raise NotImplementedError(f"{type(self).__name__} names no {name}")
+        return found  # type: ignore[no-any-return]
 
     def groups(self, lm: Any, config: Any, items: Sequence[Any], context: RunContext) -> list[list[Any]]:
         """Consecutive items whose sweeps run as one batch: :func:`group_size` items each."""
@@ -498,46 +519,10 @@ class SweepExperiment(Experiment[Sweep, ExperimentResult]):
         return figures.item_figure(result, record, self.describe(record), counts=self.counts)
 
 
-class CountingSweepExperiment(SweepExperiment):
-    """A sweep experiment that reads out a count over the digits 0-9 (counting, events)."""
-
-    counts: ClassVar[bool] = True
-    #: What the sweep shortens, in the summary figure's words ("words", "events").
-    counted: ClassVar[str] = "words"
-    metrics = Metric.table(
-        """
-        accuracy_at_1                        higher  share of items whose most probable digit at factor 1 is the true count
-        mean_spearman_implied_vs_factor      higher  Spearman correlation of the implied count E[k] with the factor, mean over items
-        auc_observed_time_sensitivity        higher  area over h of the share of counts 1..n reaching probability h somewhere on the sweep
-        auc_counterfactual_time_sensitivity  higher  the same, read only at factor 1
-        pure_peak_rate                       higher  counts 1..n that are at least as probable as every other digit at some factor, over n; mean over items
-        auc_iou                              higher  area over h of the IoU of the digits reaching h on the sweep with {1..n}
-        unpure_peak_rate                     higher  digits 0-9 that are at least as probable as every other digit at some factor, over n; mean over items
-        pure_improvement_over_chance         higher  the pure peak rate over the chance rate 1/n (1: one count peaks), mean over items
-        unpure_improvement_over_chance       higher  the unpure peak rate over the chance rate 1/n, mean over items
-        pure_peak_gain                       higher  pure_peak_rate minus chance_peak_rate, the mean of 1/n (a difference, not the paper's ratio)
-        unpure_peak_gain                     higher  unpure_peak_rate minus chance_peak_rate (a difference, not the paper's ratio)
-        """
-    )
-
-    def summary(self, result: ExperimentResult) -> dict[str, Any]:
-        """Accuracy of the argmax digit at factor 1, mean Spearman of E[k] with the factor, time-sensitivity AUCs and
-        the paper's peak rates (:func:`~contllm.metrics.peak_rates`); with the paper's coverage where recorded."""
-        return with_paper_coverage(result, count_summary)
-
-    def summary_figure(self, result: ExperimentResult) -> Any:
-        from contllm.experiments import figures
-
-        return figures.count_summary_figure(result, self.counted)
-
-    def comparison(self, results: Sequence[tuple[str, ExperimentResult]]) -> Any:
-        from contllm.experiments import figures
-
-        return figures.count_comparison([figures.Compared(label, r, self.summary(r)) for label, r in results])
-
-
 def count_summary(result: ExperimentResult) -> dict[str, Any]:
-    """The headline numbers of a counting or events result (:attr:`CountingSweepExperiment.metrics`)."""
+    """The headline numbers of a counting or events result (:attr:`CountingSweepExperiment.metrics`): accuracy of the
+    argmax digit at factor 1, mean Spearman of E[k] with the factor, time-sensitivity AUCs and the paper's peak rates
+    (:func:`~contllm.metrics.peak_rates`)."""
     sweeps, out = summary_start(result)
     has_one = all(np.isclose(s.x, 1.0).any() for s in sweeps)
     if has_one:
@@ -570,3 +555,38 @@ def summary_start(result: ExperimentResult) -> tuple[list[Sweep], dict[str, Any]
     if not result.sweeps:
         raise ExperimentError("the result holds no sweeps")
     return result.sweeps, {"experiment": result.experiment, "model": result.model, "items": len(result.sweeps)}
+
+
+class CountingSweepExperiment(SweepExperiment):
+    """A sweep experiment that reads out a count over the digits 0-9 (counting, events)."""
+
+    counts: ClassVar[bool] = True
+    #: What the sweep shortens, in the summary figure's words ("words", "events").
+    counted: ClassVar[str] = "words"
+    metrics = Metric.table(
+        """
+        accuracy_at_1                        higher  share of items whose most probable digit at factor 1 is the true count
+        mean_spearman_implied_vs_factor      higher  Spearman correlation of the implied count E[k] with the factor, mean over items
+        auc_observed_time_sensitivity        higher  area over h of the share of counts 1..n reaching probability h somewhere on the sweep
+        auc_counterfactual_time_sensitivity  higher  the same, read only at factor 1
+        pure_peak_rate                       higher  counts 1..n that are at least as probable as every other digit at some factor, over n; mean over items
+        auc_iou                              higher  area over h of the IoU of the digits reaching h on the sweep with {1..n}
+        unpure_peak_rate                     higher  digits 0-9 that are at least as probable as every other digit at some factor, over n; mean over items
+        pure_improvement_over_chance         higher  the pure peak rate over the chance rate 1/n (1: one count peaks), mean over items
+        unpure_improvement_over_chance       higher  the unpure peak rate over the chance rate 1/n, mean over items
+        pure_peak_gain                       higher  pure_peak_rate minus chance_peak_rate, the mean of 1/n (a difference, not the paper's ratio)
+        unpure_peak_gain                     higher  unpure_peak_rate minus chance_peak_rate (a difference, not the paper's ratio)
+        """
+    )
+
+    summarize = staticmethod(count_summary)
+
+    def summary_figure(self, result: ExperimentResult) -> Any:
+        from contllm.experiments import figures
+
+        return figures.count_summary_figure(result, self.counted)
+
+    def comparison(self, results: Sequence[tuple[str, ExperimentResult]]) -> Any:
+        from contllm.experiments import figures
+
+        return figures.count_comparison([figures.Compared(label, r, self.summary(r)) for label, r in results])

@@ -45,7 +45,7 @@ from contllm.experiments.interpolations import (
 )
 from contllm.experiments.options import Option
 from contllm.experiments.prompts import Rendered, apply_chat, render
-from contllm.experiments.protocol import PROTOCOL, with_paper_coverage
+from contllm.experiments.protocol import PROTOCOL
 from contllm.experiments.sweeps import ExperimentResult, Sweep, SweepPlan, summary_start
 
 #: Eight answered questions about other things (four yes, four no), then the item's
@@ -427,6 +427,13 @@ def summarize_sweeps(sweeps: Sequence[Sweep]) -> dict[str, Any]:
     return out
 
 
+def interpolation_summary(result: ExperimentResult) -> dict[str, Any]:
+    """The headline numbers of a word-interpolation result (:attr:`InterpolationExperiment.metrics`):
+    :func:`summarize_sweeps` over its sweeps."""
+    sweeps, out = summary_start(result)
+    return {**out, **summarize_sweeps(sweeps)}
+
+
 class InterpolationExperiment(AlphaSweepExperiment):
     name = "interpolation"
     help = "A word's embedding moved into another's inside a yes/no question; P(yes) and P(no) read out."
@@ -477,29 +484,18 @@ class InterpolationExperiment(AlphaSweepExperiment):
         """
     )
 
-    def items(self, config: InterpolationConfig) -> Sequence[WordItem]:
-        return word_items(config)
+    make_items = staticmethod(word_items)
+    make_plan = staticmethod(plan_item)
+    summarize = staticmethod(interpolation_summary)
 
     def check(self, lm: Any, config: InterpolationConfig) -> None:
         for item in word_items(config):
             check_item(lm, item, config)
 
-    def plan_item(self, lm: Any, item: WordItem, config: InterpolationConfig) -> SweepPlan:
-        return plan_item(lm, item, config)
-
     def describe(self, sweep: Sweep) -> str:
         m = sweep.meta
         answers = "" if m.get("group") is None else f" (yes for: {m.get('group')})"
         return f"{m.get('first')} -> {m.get('second')}: {m.get('question')}{answers}, {m.get('method')}"
-
-    def summary(self, result: ExperimentResult) -> dict[str, Any]:
-        """See :func:`summarize_sweeps`; with the paper's coverage where recorded."""
-
-        def summarize(result: ExperimentResult) -> dict[str, Any]:
-            sweeps, out = summary_start(result)
-            return {**out, **summarize_sweeps(sweeps)}
-
-        return with_paper_coverage(result, summarize)
 
     def summary_figure(self, result: ExperimentResult) -> Any:
         return answers.summary_figure(result)
