@@ -17,7 +17,6 @@ import torch
 from contllm.core import forward
 from contllm.core.engine import Context, Engine, Positions, check_signals
 from contllm.core.families import Family, family_of, relative_positions
-from contllm.core.prefix import SharedKeys
 from contllm.core.signal import Signal, SignalBatch
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.generation import GENERATE_OPTIONS, Generation, generate
@@ -133,30 +132,14 @@ class ContinuousLM:
             return [s.embedded(embedding).embeds for s in items]  # type: ignore[misc]
 
     # ------------------------------------------------------------------ forward
-    def forward_batch(
-        self,
-        batch: SignalBatch,
-        *,
-        logits_to_keep: int | torch.Tensor = 0,
-        context: Context | None = None,
-        use_cache: bool = False,
-        prefix: SharedKeys | None = None,
-        origin: float = 0.0,
-    ) -> tuple[torch.Tensor, Context | None]:
+    def forward_batch(self, batch: SignalBatch, **options: Any) -> tuple[torch.Tensor, Context | None]:
         """One forward of a padded batch; returns logits and (with a cache) the extended context.
 
-        The forward every evaluation runs, :func:`contllm.core.forward.forward_batch`, which
-        describes the arguments; this method hands them on. Call inside :meth:`patched`.
+        The forward every evaluation runs, :func:`contllm.core.forward.forward_batch`: this method hands
+        ``batch`` and the keyword options (``logits_to_keep``, ``context``, ``use_cache``, ``prefix``,
+        ``origin``, described there) on to it. Call inside :meth:`patched`.
         """
-        return forward.forward_batch(
-            self,
-            batch,
-            logits_to_keep=logits_to_keep,
-            context=context,
-            use_cache=use_cache,
-            prefix=prefix,
-            origin=origin,
-        )
+        return forward.forward_batch(self, batch, **options)
 
     def logits(
         self,
