@@ -172,7 +172,9 @@ def size(s: Study, protocol: str) -> int:
 
 def dry_run(lm: Any, engine: Any, s: Study, protocol: str, count: int, group_bytes: int) -> tuple[Probe, list[Any]]:
     """What ``count`` units of ``s`` compute, without the model: their :class:`~contllm.audits.budget.Probe`, and the
-    signals of the first evaluation they make (what the calibration forward times)."""
+    signals of the first evaluation they make (what the calibration forward times). An experiment that runs the
+    model outside the run's evaluator (circuit: hooks and a backward) does that work here for real, and the
+    probe's seconds hold it (its study declares small ``probes``)."""
     from contllm.data import select_items
     from contllm.rundir.runner import compute_records, context_for
 
@@ -205,8 +207,7 @@ def make_plan(
     for s in STUDIES:
         bound = s.bounds(size(s, protocol))
         bounds[s.experiment] = bound
-        low, high = min(bound.minimum, 2), min(bound.maximum, 2 if s.per_source else 6)
-        (small, first), (large, _) = (dry_run(lm, engine, s, protocol, n, group_bytes) for n in (low, high))
+        (small, first), (large, _) = (dry_run(lm, engine, s, protocol, n, group_bytes) for n in s.probe_counts(bound))
         estimates[s.experiment] = Estimate(s.experiment, (small, large))
         calibration_signals = calibration_signals or first  # the first study's first call: a counting sweep
     calibration = calibrate(lm, engine, calibration_signals)

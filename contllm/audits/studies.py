@@ -135,6 +135,32 @@ def sums_finding(summary: Mapping[str, Any], intervals: Mapping[str, Interval]) 
     )
 
 
+def circuit_finding(summary: Mapping[str, Any], intervals: Mapping[str, Interval]) -> str:
+    """The sentence of the circuit study: how many heads bring back half of the change in the implied count (three or
+    fewer read as "a few"), what the top heads bring back together and how well one backward ranks them."""
+    half, top = summary.get("heads_for_half"), summary.get("top_share")
+    with_half, items = summary.get("items_with_half"), summary.get("items")
+    if not _finite(half):
+        verdict = "No few heads carry the change in the count: the heads patched together never bring back half of it"
+    elif half <= 3:  # type: ignore[operator]
+        verdict = (
+            f"A few heads carry the change in the count: patching {number(half, '.1f')} heads (mean) from the "
+            "plain run brings back half of it"
+        )
+    else:
+        verdict = (
+            f"The change in the count is spread over heads: it takes {number(half, '.1f')} heads (mean) patched from "
+            "the plain run to bring back half of it"
+        )
+    reached = f" (on {with_half} of {items} items)" if _finite(half) and with_half != items else ""
+    return (
+        f"{verdict}{reached}; the {summary.get('top', 'top')} heads of largest estimate together bring back "
+        f"{number(top, '.0%')}, the one-backward estimate follows exact patching with r = "
+        f"{number(summary.get('estimate_correlation'))}, and the plain run's times alone bring back "
+        f"{number(summary.get('times_share'), '.0%')}."
+    )
+
+
 def declared_studies() -> tuple[Study, ...]:
     """The studies of the registered experiments that declare one, in registry order (the card's order).
 

@@ -28,7 +28,11 @@ class Study:
     :class:`~contllm.audits.budget.Bounds`; optional: runs only where the budget allows. spread: pick the items spread evenly over the dataset (its first N
     otherwise, for datasets interleaved so that the first N are a balanced sample).
     protocol: the experiment takes --protocol. finding: (summary, intervals by metric) ->
-    the sentence of what was found.
+    the sentence of what was found. given: options the audit always gives the experiment,
+    (name, value as typed on the command line) pairs. probes: the two counts at which the
+    planner dry-runs the study to price it (None: 2 and 6, or 2 and 2 paths per source);
+    give small ones for an experiment that computes outside the engine (its dry run does
+    the real work, see :func:`contllm.audits.run.dry_run`).
     """
 
     experiment: str
@@ -42,6 +46,8 @@ class Study:
     spread: bool = False
     per_source: bool = False
     protocol: bool = True
+    given: tuple[tuple[str, str], ...] = ()
+    probes: tuple[int, int] | None = None
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -52,6 +58,11 @@ class Study:
     def unit(self) -> str:
         return "paths per source" if self.per_source else "items"
 
+    def probe_counts(self, bound: Bounds) -> tuple[int, int]:
+        """The two counts the planner's dry runs measure, within ``bound``."""
+        low, high = self.probes or ((2, 2) if self.per_source else (2, 6))
+        return min(bound.minimum, low), min(bound.maximum, high)
+
     def bounds(self, size: int) -> Bounds:
         """The planner's bounds for a dataset of ``size`` units."""
         top = size if self.maximum is None else min(size, self.maximum)
@@ -59,7 +70,7 @@ class Study:
 
     def options(self, protocol: str, count: int) -> dict[str, str]:
         """The experiment's options (as typed on the command line) for an audit under ``protocol`` of ``count`` units."""
-        options = {"protocol": protocol} if self.protocol else {}
+        options = {**dict(self.given), **({"protocol": protocol} if self.protocol else {})}
         if self.per_source:
             options["per_source"] = str(count)
         return options

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from contllm import registry
+from contllm.audits.studies import Study, circuit_finding
 from contllm.core.families import decoder_layers, head_counts
 from contllm.errors import ExperimentError
 from contllm.experiments.base import Experiment, Metric, RunContext, Table, option_table
@@ -285,6 +286,21 @@ class CircuitExperiment(Experiment[CircuitRecord, CircuitResult]):
         """
     )
     result_type = CircuitResult
+    #: Optional in an audit (each item takes a backward and several patched forwards, outside the engine): every
+    #: item of the dataset is a candidate, and the planner prices it from one and two items run for real.
+    study = Study(
+        "circuit",
+        "heads_for_half",
+        (),
+        circuit_finding,
+        minimum=2,
+        comfortable=4,
+        maximum=16,
+        optional=True,
+        protocol=False,
+        given=(("first", "0"),),
+        probes=(1, 2),
+    )
     metrics = Metric.table(
         """
         mean_change           higher  E[k] at c = 1 minus E[k] at c, mean over items: the effect being located

@@ -30,7 +30,7 @@ from tests.toy_experiment import NAME
 
 pytestmark = pytest.mark.integration
 
-AUDITED = ["counting", "events", "boolean", "interpolation", "linearity", "sums"]
+AUDITED = ["counting", "events", "boolean", "interpolation", "linearity", "sums", "circuit"]
 
 
 @pytest.fixture

@@ -23,12 +23,15 @@ from tests.unit.tiny import tiny_lm, word_level_tokenizer
 pytestmark = pytest.mark.unit
 
 #: Digits, the read-out words and some words of every experiment's prompts; everything else is <unk>.
-WORDS = [str(d) for d in range(10)] + """false true yes no Yes No AND OR XOR NAND NOR XNOR IMPLIES What is the truth
+WORDS = (
+    [str(d) for d in range(10)]
+    + """false true yes no Yes No AND OR XOR NAND NOR XNOR IMPLIES What is the truth
 value of ? Answer : Question contains words . " cat dog sun box pen apples bananas How many has and more the
 Are Do Can There are steps actions took""".split()
+)
 
 #: Items per experiment (linearity: paths per source), sums included.
-COUNTS = {"counting": 3, "events": 2, "boolean": 3, "interpolation": 3, "linearity": 1, "sums": 2}
+COUNTS = {"counting": 3, "events": 2, "boolean": 3, "interpolation": 3, "linearity": 1, "sums": 2, "circuit": 2}
 RESAMPLES = 200
 #: Fields that say when or how long, not what was found.
 TIMES = {"created", "seconds"}

@@ -79,7 +79,9 @@ def test_the_shares_are_what_they_say(family: str) -> None:
     mixed[:, head] = cache.rows(name)[0][:, head]
     with patch(lm, short, [Patch(name, [list(range(N_TOKENS))], [mixed])]):
         logits = run_with_cache(lm, short, names=name, positions="last").logits[0]
-    assert (float(expected_count(logits, DIGIT_IDS)) - record.short) / change == pytest.approx(record.patched[0], abs=1e-4)
+    assert (float(expected_count(logits, DIGIT_IDS)) - record.short) / change == pytest.approx(
+        record.patched[0], abs=1e-4
+    )
     assert record.x == [0.0, 1.0, 2.0, 3.0, 4.0] and np.allclose(np.sum(record.probs, axis=1), 1.0)
     assert record.half is None or record.shares[record.half] >= 0.5 > max(record.shares[: record.half], default=0)
 
@@ -100,14 +102,33 @@ def test_the_estimates_are_the_exact_shares_to_first_order() -> None:
 def test_tables_and_summary() -> None:
     estimate = np.array([[0.1, 0.6], [0.3, -0.1]])
     record = CircuitRecord(
-        "count-001", 0.5, [" apple"], 3.0, 2.0, 0.8, 0.2, estimate, -estimate, ["L0H1", "L1H0"], [0.55, 0.25],
-        [0.0, 1.0, 2.0], [str(k) for k in range(10)], [[0.1] * 10] * 3, [0.0, 0.55, 0.7], 1, 2, {},
+        "count-001",
+        0.5,
+        [" apple"],
+        3.0,
+        2.0,
+        0.8,
+        0.2,
+        estimate,
+        -estimate,
+        ["L0H1", "L1H0"],
+        [0.55, 0.25],
+        [0.0, 1.0, 2.0],
+        [str(k) for k in range(10)],
+        [[0.1] * 10] * 3,
+        [0.0, 0.55, 0.7],
+        1,
+        2,
+        {},
     )
     result = CircuitResult(experiment="circuit", model="tiny", config={"factor": 0.5}, records=[record])
     tables = EXPERIMENT.tables(result)
     rows = tables["results"][1]
     assert [(r["layer"], r["head"], r["estimate"], r["patched"], r["bias_estimate"]) for r in rows] == [
-        (0, 0, 0.1, "", -0.1), (0, 1, 0.6, 0.55, -0.6), (1, 0, 0.3, 0.25, -0.3), (1, 1, -0.1, "", 0.1)
+        (0, 0, 0.1, "", -0.1),
+        (0, 1, 0.6, 0.55, -0.6),
+        (1, 0, 0.3, 0.25, -0.3),
+        (1, 1, -0.1, "", 0.1),
     ]
     assert [r["share"] for r in tables["patched"][1]] == [0.0, 0.55, 0.7]
     summary = EXPERIMENT.summary(result)
@@ -130,3 +151,48 @@ def test_tables_and_summary() -> None:
 def test_bad_options_are_refused(given: dict, match: str) -> None:
     with pytest.raises(ExperimentError, match=match):
         CircuitConfig(**given)
+
+
+def test_the_audit_runs_circuit_over_the_whole_dataset_and_prices_it_from_small_probes() -> None:
+    from contllm.audits.budget import Bounds
+    from contllm.audits.studies import study
+
+    s = study("circuit")
+    assert s is EXPERIMENT.study and s.optional and not s.protocol and s.paper == ()
+    # --first 0: every item of the dataset is a candidate (the default run takes 4), no --protocol.
+    assert s.options("paper", 3) == {"first": "0"}
+    assert len(EXPERIMENT.items(EXPERIMENT.config(s.options("contllm", 3)))) > 4
+    assert s.probe_counts(Bounds(2, 16, 4, True)) == (1, 2)
+    counting = study("counting")
+    assert counting.options("paper", 3) == {"protocol": "paper"}
+    assert counting.probe_counts(Bounds(4, 100, 10, False)) == (2, 6)
+    assert counting.probe_counts(Bounds(1, 3, 3, False)) == (1, 3)
+
+
+@pytest.mark.parametrize(
+    ("half", "with_half", "opens", "reached"),
+    [
+        (2.0, 4, "A few heads carry the change in the count: patching 2.0 heads", ""),
+        (5.5, 3, "The change in the count is spread over heads: it takes 5.5 heads", " (on 3 of 4 items)"),
+        (None, 0, "No few heads carry the change in the count", ""),
+    ],
+)
+def test_the_circuit_finding_says_how_many_heads_carry_half(
+    half: float | None, with_half: int, opens: str, reached: str
+) -> None:
+    from contllm.audits.studies import circuit_finding
+
+    summary = {
+        "heads_for_half": half,
+        "items_with_half": with_half,
+        "items": 4,
+        "top": 8,
+        "top_share": 0.9,
+        "estimate_correlation": 0.75,
+        "times_share": 0.6,
+    }
+    said = circuit_finding(summary, {})
+    assert said.startswith(opens)
+    assert (" (on " in said) == bool(reached) and reached in said
+    assert "the 8 heads of largest estimate together bring back 90%" in said
+    assert "r = 0.75" in said and "times alone bring back 60%" in said
