@@ -10,7 +10,10 @@ process, the runs of each repeat interleaved (a change in load hits all alike), 
 
   logits             ``lm.logits(signals)``: the engine (chunked, the shared prefix once)
   hooks: no-op       ``lm.run_with_hooks`` with one hook function that returns None
-  hooks: head off    ``lm.run_with_hooks`` zeroing one head's output (``attn.hook_z``)
+  hooks: head off    ``lm.run_with_hooks`` zeroing one head's output (``attn.hook_z``) at the
+                     last position (the prefix left as it is: the shared prefix runs once)
+  head off, all      the same head zeroed at every position: the edit reaches the prefix, so
+                     the call gives up the shared prefix for one full forward (no target)
   cache: resid_post  ``lm.run_with_cache`` of every layer's ``hook_resid_post`` (last position)
   cache: every name  ``lm.run_with_cache`` of every hook point (last position)
   gradients          ``lm.gradients`` of the last position's log-probability of the
@@ -56,6 +59,7 @@ TARGETS: dict[str, float | None] = {
     "logits": None,
     "hooks: no-op": 1.15,
     "hooks: head off": 1.15,
+    "head off, all": None,
     "cache: resid_post": 1.5,
     "cache: every name": 4.0,
     "gradients": 3.0,
@@ -69,6 +73,11 @@ def runs(lm: Any, signals: Sequence[Any]) -> dict[str, Callable[[], Any]]:
 
     def head_off(z: torch.Tensor, hook: Any) -> torch.Tensor:
         z = z.clone()
+        z[torch.arange(len(z)), hook.columns(-1), 0] = 0
+        return z
+
+    def head_off_everywhere(z: torch.Tensor, hook: Any) -> torch.Tensor:
+        z = z.clone()
         z[:, :, 0] = 0
         return z
 
@@ -81,6 +90,9 @@ def runs(lm: Any, signals: Sequence[Any]) -> dict[str, Callable[[], Any]]:
         "hooks: no-op": lambda: lm.run_with_hooks(list(signals), fwd_hooks=[(resid[0], lambda x, hook: None)]),
         "hooks: head off": lambda: lm.run_with_hooks(
             list(signals), fwd_hooks=[(f"blocks.{layers // 2}.attn.hook_z", head_off)]
+        ),
+        "head off, all": lambda: lm.run_with_hooks(
+            list(signals), fwd_hooks=[(f"blocks.{layers // 2}.attn.hook_z", head_off_everywhere)]
         ),
         "cache: resid_post": lambda: lm.run_with_cache(list(signals), names=resid, positions="last"),
         "cache: every name": lambda: lm.run_with_cache(list(signals), positions="last"),
@@ -114,10 +126,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--repeats must be at least 1")
     print(describe())
     load = os.getloadavg()[0]
-    print(f"load average {load:.2f} on {os.cpu_count()} cores; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
+    print(
+        f"load average {load:.2f} on {os.cpu_count()} cores; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}"
+    )
     lm = contllm.load(args.model)
     signals = [lm.signal(PREFIX + line) for line in LINES]
-    print(f"{args.model}: {len(signals)} signals of {min(map(len, signals))}-{max(map(len, signals))} tokens", flush=True)
+    print(
+        f"{args.model}: {len(signals)} signals of {min(map(len, signals))}-{max(map(len, signals))} tokens", flush=True
+    )
     best = measure(runs(lm, signals), args.repeats)
     base = best["logits"]
     print(f"{'run':<20} {'best s':>8} {'x logits':>9} {'target':>7}")

@@ -161,8 +161,9 @@ class ContinuousLM:
 
         While hooks are on (inside ``lm.hooks(signals, ...)`` or :func:`contllm.internals.activations.patch`,
         or after :meth:`add_hook`), the call runs one padded forward of ``signals`` through
-        them, as :meth:`run_with_hooks` does, instead of the engine (no chunks, no reordering,
-        no shared prefix: ``batch_size`` does not apply), so the hooks see every position of
+        them, as :meth:`run_with_hooks` does, instead of the engine (no chunks, no reordering:
+        ``batch_size`` does not apply; a prefix the signals share runs once, see
+        :mod:`contllm.internals.prefixed`), so the hooks see every position of
         the signals they were made for; inside a context made for other signals it raises
         SignalError naming what differs. ``Engine(lm)`` applies no hook added with
         :meth:`add_hook`, and inside :meth:`hooks` its forwards meet the context's hooks held
@@ -251,7 +252,8 @@ class ContinuousLM:
         name on the CPU, float64 for a float64 model and float32 otherwise, with each read
         position's time; ``cache[name]`` pads a ragged batch on the left with zeros). Hooks
         of an enclosing :meth:`hooks` context (made for these signals) and of :meth:`add_hook`
-        apply. The engine's shared prefix is not used for this call.
+        apply. A prefix the signals share runs once where only positions after it are read
+        (:mod:`contllm.internals.prefixed`); the hooks still see every position.
         """
         return run_with_cache(
             self,

@@ -44,6 +44,7 @@ from contllm.core.forward import forward_batch
 from contllm.core.prefix import SharedPrefix, model_state, slice_signal
 from contllm.core.signal import Signal, SignalBatch, pad_signals
 from contllm.errors import SignalError
+from contllm.internals.hooks import recorder
 
 #: Which outputs to read: "last", "all", a token index, or a list of them (negative from each signal's end).
 Positions = Literal["last", "all"] | int | Sequence[int]
@@ -549,30 +550,18 @@ def read_indices(signals: Sequence[Signal], positions: Positions) -> list[list[i
     return out
 
 
-def _recorder(hook: Callable[..., Any]) -> bool:
-    """Whether ``hook`` is transformers' own output recorder.
-
-    A forward with ``output_hidden_states`` or ``output_attentions`` leaves these on the layers
-    for good; they record only while transformers collects outputs, which the engine never
-    asks for, so they read nothing and change nothing here.
-    """
-    return str(getattr(hook, "__module__", "")).startswith("transformers.") and "captur" in str(
-        getattr(hook, "__qualname__", "")
-    )
-
-
 def _prefix_safe(lm: EvaluatedModel) -> bool:
     """Whether a shared prefix gives the same logits as full forwards on ``lm`` as it is now patched.
 
     Not while a forward hook sits on a decoder layer or the final norm (it may read the
-    whole sequence; transformers' own output recorders excepted, see :func:`_recorder`), nor while an attention function other than the model's own (or the
+    whole sequence; transformers' own output recorders excepted, see :func:`~contllm.internals.hooks.recorder`), nor while an attention function other than the model's own (or the
     float32 state's) is in place: the rows after a shared prefix run the shared-prefix
     attention instead (contllm.pde's row dynamics would be skipped).
     """
     model = lm.model
     modules = [*decoder_layers(model), final_norm(model)]
     if any(
-        not _recorder(hook) for m in modules for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())
+        not recorder(hook) for m in modules for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())
     ):
         return False
     own = {getattr(lm, "attn_implementation", None), precision.IMPLEMENTATION}

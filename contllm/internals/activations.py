@@ -5,8 +5,11 @@ The activation names are TransformerLens's, resolved through the family table
 by :func:`contllm.internals.intervention.hooks`, the one place that does it. Every call runs one
 padded forward of the whole batch (:func:`contllm.pad_signals`, left padding) through
 :func:`contllm.core.forward.forward_batch` inside the
-engine's evaluation context, the forward ``lm.logits`` runs; the engine's shared prefix is
-not used here, since the hooks must see every position of every signal. Split very large
+engine's evaluation context, the forward ``lm.logits`` runs. Where the signals share a
+prefix of :data:`MIN_SHARED_PREFIX` tokens or more before the first read position and no
+gradient is kept, that prefix runs once and the rest as one batch after it, while the
+hooks still see every position of every signal (:mod:`contllm.internals.prefixed`, which
+also says when a hook's edit sends the call back to the full forward). Split very large
 batches yourself.
 
 A cache keeps, per signal and name, the values at the read positions (k of them, out of
@@ -30,12 +33,18 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from contllm.core.engine import Positions, check_inputs, check_signals, evaluation, normalize_positions, read_indices
+from contllm.core.families import model_of
 from contllm.core.forward import forward_batch
+from contllm.core.precision import IMPLEMENTATION
+from contllm.core.prefix import SharedPrefix, shared_prefix_len, slice_signal
 from contllm.core.signal import Signal, SignalBatch, pad_signals
 from contllm.errors import SignalError
 from contllm.internals.activation_cache import ActivationCache
+from contllm.internals.binding import OPEN
 from contllm.internals.hookpoints import Point, hook_names, point, resolve_names
+from contllm.internals.hooks import foreign_hooks
 from contllm.internals.intervention import Hook, HookFn, added_hooks, hooks
+from contllm.internals.prefixed import SHARED, Layout, PrefixChanged
 
 if TYPE_CHECKING:  # only in annotations, which are strings at run time
     from typing_extensions import TypeIs
@@ -74,19 +83,72 @@ def _columns(batch: SignalBatch, reads: Sequence[Sequence[int]]) -> list[torch.T
     return [int(batch.pad_left[b]) + torch.tensor(list(r), dtype=torch.long) for b, r in enumerate(reads)]
 
 
-def forward_reads(lm: Any, batch: SignalBatch, reads: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+def forward_reads(
+    lm: Any, batch: SignalBatch, reads: Sequence[Sequence[int]], signals: Sequence[Signal] | None = None
+) -> list[torch.Tensor]:
     """One forward of a padded batch (inside an evaluation context): logits [k_i, vocab] per row at its read positions.
 
     Only the read columns go through the vocabulary projection. On the CPU, in the dtype the
     evaluation context's read-out gives, float32 at least (the dtype ``lm.logits`` returns);
-    with gradients enabled the result stays in the autograd graph.
+    with gradients enabled the result stays in the autograd graph. signals: those ``batch``
+    pads; where given, a forward without gradients inside hook contexts runs a prefix they
+    share once (:func:`prefixed_reads`).
     """
+    if signals is not None and not torch.is_grad_enabled():
+        rows = prefixed_reads(lm, signals, reads)
+        if rows is not None:
+            return rows
     columns = _columns(batch, reads)
     kept = sorted({int(c) for row in columns for c in row})
     logits, _ = forward_batch(lm, batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
     at = {c: i for i, c in enumerate(kept)}
     dtype = torch.promote_types(logits.dtype, torch.float32)
     return [logits[b, [at[int(c)] for c in columns[b]]].to(device="cpu", dtype=dtype) for b in range(len(batch))]
+
+
+#: The shortest shared prefix a hooked forward runs once (tokens); a shorter one runs in the full batch.
+MIN_SHARED_PREFIX = 16
+
+
+def prefixed_reads(lm: Any, signals: Sequence[Signal], reads: Sequence[Sequence[int]]) -> list[torch.Tensor] | None:
+    """:func:`forward_reads` of ``signals`` with the prefix they share run once (:mod:`contllm.internals.prefixed`);
+    None where that does not serve: fewer than two signals, a prefix shorter than :data:`MIN_SHARED_PREFIX` before
+    the first read position, no hook context open, a hooked point inside the attention function, backward hooks,
+    an attention function other than the model's own, a torch hook registered outside contllm, or a hook function
+    that changed a value of the prefix."""
+    net = model_of(lm)
+    runs = OPEN.get(net, [])
+    if len(signals) < 2 or not runs or net in SHARED:
+        return None
+    if any(r.bwd or r.known[name].site == "attention" for r in runs for name in r.state.names):
+        return None
+    if getattr(net.config, "_attn_implementation", None) not in {lm.attn_implementation, IMPLEMENTATION}:
+        return None
+    if foreign_hooks(net):  # a torch hook of the user's would see the rows after the prefix alone
+        return None
+    first = min(min(row) for row in reads if len(row)) if any(len(row) for row in reads) else None
+    p = shared_prefix_len(signals, lm, before=first)
+    if p < MIN_SHARED_PREFIX:
+        return None
+    rests = pad_signals([slice_signal(s, p) for s in signals])
+    layout = Layout(p, rests.pad_left.clone(), rests.width)
+    SHARED[net] = layout
+    try:
+        keys = SharedPrefix.compute(lm, signals[0], p).keys
+        layout.recording = False
+        tail_reads = [[i - p for i in row] for row in reads]
+        columns = _columns(rests, tail_reads)
+        kept = sorted({int(c) for row in columns for c in row})
+        logits, _ = forward_batch(
+            lm, rests, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device), prefix=keys
+        )
+    except PrefixChanged:
+        return None
+    finally:
+        SHARED.pop(net, None)
+    at = {c: i for i, c in enumerate(kept)}
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    return [logits[b, [at[int(c)] for c in columns[b]]].to(device="cpu", dtype=dtype) for b in range(len(rests))]
 
 
 #: The duration a real token of duration 0 runs at in a forward that differentiates in durations.
@@ -208,7 +270,7 @@ def run_with_cache(
     check_inputs(lm, items, reads)
     batch = pad_signals(items)
     with recording(lm, items, wanted, reads) as stored, evaluation(lm):
-        rows = forward_reads(lm, batch, reads)
+        rows = forward_reads(lm, batch, reads, items)
     times = [s.times[r] for s, r in zip(items, reads)]
     cache = ActivationCache(stored, reads, times, rows, lm)
     return cache.remove_batch_dim() if remove_batch_dim else cache
@@ -284,7 +346,8 @@ def run_with_hooks(
 
 def hooked_logits(lm: Any, signals: Signal | Sequence[Signal], positions: Positions = "last") -> Any:
     """``lm.logits`` while hooks are on (:func:`contllm.internals.binding.hooks_on`): one padded forward of
-    ``signals`` through the hooks (no engine: no chunks, no reordering, no shared prefix), shaped as ``lm.logits``
+    ``signals`` through the hooks (no engine: no chunks, no reordering; a shared prefix as :func:`forward_reads` runs
+    it), shaped as ``lm.logits``
     gives them, without the autograd graph."""
     single = isinstance(signals, Signal)
     items = check_signals(signals, single_ok=True)
@@ -300,7 +363,7 @@ def _hooked_rows(
     """The logits at ``reads`` of one padded forward of ``items`` with hooks (in the autograd graph with ``keep``)."""
     batch = differentiable_batch(lm, items) if keep else pad_signals(items)
     with hooks(lm, items, fwd_hooks, bwd_hooks) as state, evaluation(lm, grad=keep):
-        rows = forward_reads(lm, batch, reads)
+        rows = forward_reads(lm, batch, reads, items)
     state.check_reached()
     return rows
 

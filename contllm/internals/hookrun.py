@@ -21,6 +21,7 @@ from contllm.core.families import family_of
 from contllm.core.signal import Signal, SignalBatch
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.internals.hookpoints import Point
+from contllm.internals.prefixed import layout_of
 
 __all__ = ["Hook", "HookFn", "HookState", "LayerIndex", "Run", "backward", "changed", "replacement"]
 
@@ -145,7 +146,21 @@ class Run:
             )
 
     def apply(self, point: Point, value: torch.Tensor) -> torch.Tensor:
-        """``value`` after every forward hook on ``point``; backward hooks attached to the result."""
+        """``value`` after every forward hook on ``point``; backward hooks attached to the result.
+
+        In a forward on a shared prefix (:mod:`contllm.internals.prefixed`) the prefix's own
+        forward only keeps the value, and the forward after it hands the hooks the full batch's
+        value and goes on from its own part of what they leave.
+        """
+        shared = layout_of(self.net)
+        if shared is None:
+            return self._apply(point, value)
+        if shared.recording:
+            shared.keep(point.name, value)
+            return value
+        return shared.narrow(point.name, self._apply(point, shared.widen(point.name, value)), value)
+
+    def _apply(self, point: Point, value: torch.Tensor) -> torch.Tensor:
         self._check(point, value)
         hook = self.hook(point)
         if self.graph(point) and not value.requires_grad:

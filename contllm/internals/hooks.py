@@ -86,13 +86,42 @@ def replace_first_output(output: Any, h: torch.Tensor) -> Any:
     return h
 
 
+#: The ids of the hooks registered through this module and held now (:func:`foreign_hooks` leaves them out).
+_HELD: set[int] = set()
+
+
 @contextmanager
 def _held(handle: RemovableHandle) -> Iterator[None]:
     """Keep a registered hook while the context lasts; remove it on exit, also when the body raises."""
+    _HELD.add(handle.id)
     try:
         yield
     finally:
         handle.remove()
+        _HELD.discard(handle.id)
+
+
+def recorder(hook: Callable[..., Any]) -> bool:
+    """Whether ``hook`` is transformers' own output recorder.
+
+    A forward with ``output_hidden_states`` or ``output_attentions`` leaves these on the layers
+    for good; they record only while transformers collects outputs, which contllm never
+    asks for, so they read nothing and change nothing.
+    """
+    return str(getattr(hook, "__module__", "")).startswith("transformers.") and "captur" in str(
+        getattr(hook, "__qualname__", "")
+    )
+
+
+def foreign_hooks(model: torch.nn.Module) -> bool:
+    """Whether a forward hook or pre-hook sits on a module of ``model`` that was registered elsewhere than through
+    :func:`output_hook` / :func:`input_hook` (a torch hook of the user's; transformers' :func:`recorder` aside)."""
+    return any(
+        key not in _HELD and not recorder(fn)
+        for module in model.modules()
+        for hooks in (module._forward_hooks, module._forward_pre_hooks)
+        for key, fn in hooks.items()
+    )
 
 
 @contextmanager
