@@ -140,25 +140,20 @@ def circuit_finding(summary: Mapping[str, Any], intervals: Mapping[str, Interval
     fewer read as "a few"), what the top heads bring back together and how well one backward ranks them."""
     half, top = summary.get("heads_for_half"), summary.get("top_share")
     with_half, items = summary.get("items_with_half"), summary.get("items")
-    if not _finite(half):
-        verdict = "No few heads carry the change in the count: the heads patched together never bring back half of it"
-    elif half <= 3:  # type: ignore[operator]
+    verdict = "No few heads carry the change in the count: the heads patched together never bring back half of it"
+    if _finite(half):
+        how = "A few heads carry" if half <= 3 else "Heads spread out carry"  # type: ignore[operator]
+        reached = "" if with_half == items else f" (on {with_half} of {items} items)"
         verdict = (
-            f"A few heads carry the change in the count: patching {number(half, '.1f')} heads (mean) from the "
-            "plain run brings back half of it"
+            f"{how} the change in the count: {number(half, '.1f')} heads (mean) patched from the plain run bring "
+            f"back half of it{reached}"
         )
-    else:
-        verdict = (
-            f"The change in the count is spread over heads: it takes {number(half, '.1f')} heads (mean) patched from "
-            "the plain run to bring back half of it"
-        )
-    reached = f" (on {with_half} of {items} items)" if _finite(half) and with_half != items else ""
-    return (
-        f"{verdict}{reached}; the {summary.get('top', 'top')} heads of largest estimate together bring back "
-        f"{number(top, '.0%')}, the one-backward estimate follows exact patching with r = "
-        f"{number(summary.get('estimate_correlation'))}, and the plain run's times alone bring back "
-        f"{number(summary.get('times_share'), '.0%')}."
+    together = f"the {summary.get('top', 'top')} heads of largest estimate together bring back {number(top, '.0%')}"
+    estimate = (
+        f"the one-backward estimate follows exact patching with r = {number(summary.get('estimate_correlation'))}"
     )
+    times = f"the plain run's times alone bring back {number(summary.get('times_share'), '.0%')}"
+    return f"{verdict}; {together}, {estimate}, and {times}."
 
 
 def declared_studies() -> tuple[Study, ...]:

@@ -172,8 +172,8 @@ def test_the_audit_runs_circuit_over_the_whole_dataset_and_prices_it_from_small_
 @pytest.mark.parametrize(
     ("half", "with_half", "opens", "reached"),
     [
-        (2.0, 4, "A few heads carry the change in the count: patching 2.0 heads", ""),
-        (5.5, 3, "The change in the count is spread over heads: it takes 5.5 heads", " (on 3 of 4 items)"),
+        (2.0, 4, "A few heads carry the change in the count: 2.0 heads (mean) patched", ""),
+        (5.5, 3, "Heads spread out carry the change in the count: 5.5 heads (mean) patched", " (on 3 of 4 items)"),
         (None, 0, "No few heads carry the change in the count", ""),
     ],
 )
