@@ -53,6 +53,11 @@ MAX_PROB_DIFF = 1e-2
 #: each; each dtype's time is the fastest of its rounds.
 ROUNDS = 3
 
+#: The timing stops after a round where one dtype is at least this many times as fast as
+#: the other: on a quiet host the rounds of one dtype differ by a few percent, so more of
+#: them would not change the choice (bfloat16 emulated on an AVX2 CPU is about 4x as slow).
+CLEAR_RATIO = 2.0
+
 #: The dtypes between which the choice is made.
 CANDIDATES = ("float32", "bfloat16")
 
@@ -72,8 +77,8 @@ class DtypeChoice:
     where bfloat16's were not finite). device: the device they ran on, as
     :func:`contllm.hardware.describe_device` says it. min_gain, max_allowed: the rule's
     margins (:data:`MIN_GAIN`, :data:`MAX_PROB_DIFF`). reason: one sentence with all of
-    these. seconds: what the calibration cost (the bfloat16 load included; None when not
-    timed, as from :func:`decide` alone).
+    these. seconds: what the calibration cost (the bfloat16 load included); rounds: the
+    timed rounds of each dtype (both None from :func:`decide` alone, which times nothing).
     """
 
     dtype: str
@@ -85,6 +90,7 @@ class DtypeChoice:
     max_allowed: float
     reason: str
     seconds: float | None = None
+    rounds: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: a NaN difference is None."""
@@ -99,6 +105,7 @@ class DtypeChoice:
             "max_allowed": self.max_allowed,
             "reason": self.reason,
             "seconds": self.seconds,
+            "rounds": self.rounds,
         }
 
     @classmethod
@@ -115,6 +122,7 @@ class DtypeChoice:
             max_allowed=float(data["max_allowed"]),
             reason=str(data["reason"]),
             seconds=None if data.get("seconds") is None else float(data["seconds"]),
+            rounds=None if data.get("rounds") is None else int(data["rounds"]),
         )
 
 
@@ -186,14 +194,15 @@ def decide(
 
 def measure(
     float32_lm: Any, bfloat16_lm: Any, *, prompts: Sequence[str] = CALIBRATION_PROMPTS, rounds: int = ROUNDS
-) -> tuple[float, float, float]:
-    """(float32 seconds, bfloat16 seconds, max probability difference) of two loads of one model.
+) -> tuple[float, float, float, int]:
+    """(float32 seconds, bfloat16 seconds, max probability difference, timed rounds) of two loads of one model.
 
     float32_lm, bfloat16_lm: :class:`~contllm.lm.ContinuousLM` of the same weights in each
     dtype. Each reads the next-token distributions of ``prompts`` (``lm.probs``, the
-    engine every run goes through) once untimed, then ``rounds`` times timed, the dtypes
-    taking turns to go first; each dtype's time is its fastest round. The difference is
-    that of the untimed reads. The models are only evaluated: nothing of theirs changes.
+    engine every run goes through) once untimed, then up to ``rounds`` times timed, the
+    dtypes taking turns to go first, stopping early once one is :data:`CLEAR_RATIO` times
+    as fast as the other; each dtype's time is its fastest round. The difference is that
+    of the untimed reads. The models are only evaluated: nothing of theirs changes.
     """
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ModelLoadError(f"rounds must be an integer >= 1, got {rounds!r}")
@@ -203,13 +212,17 @@ def measure(
     signals = {name: [lm.signal(p) for p in prompts] for name, lm in models.items()}
     first = {name: lm.probs(signals[name]) for name, lm in models.items()}
     best = {name: math.inf for name in models}
+    timed = 0
     for r in range(rounds):
+        timed += 1
         for name in CANDIDATES if r % 2 == 0 else CANDIDATES[::-1]:
             started = time.perf_counter()
             models[name].probs(signals[name])
             best[name] = min(best[name], time.perf_counter() - started)
+        if max(best.values()) >= CLEAR_RATIO * min(best.values()):
+            break
     diff = float((first["bfloat16"].double() - first["float32"].double()).abs().max())
-    return best["float32"], best["bfloat16"], diff
+    return best["float32"], best["bfloat16"], diff, timed
 
 
 def choose(float32_lm: Any, bfloat16_lm: Any, *, rounds: int = ROUNDS) -> DtypeChoice:
@@ -217,6 +230,6 @@ def choose(float32_lm: Any, bfloat16_lm: Any, *, rounds: int = ROUNDS) -> DtypeC
     from contllm.hardware import describe_device
 
     started = time.perf_counter()
-    fp32, bf16, diff = measure(float32_lm, bfloat16_lm, rounds=rounds)
+    fp32, bf16, diff, timed = measure(float32_lm, bfloat16_lm, rounds=rounds)
     choice = decide(fp32, bf16, diff, describe_device(float32_lm.device))
-    return replace(choice, seconds=round(time.perf_counter() - started, 3))
+    return replace(choice, seconds=round(time.perf_counter() - started, 3), rounds=timed)

@@ -34,7 +34,7 @@ def test_auto_picks_float32_or_bfloat16_and_states_the_measured_numbers(auto: Co
     # The rule, read back from the numbers the reason states.
     fast = choice.bfloat16_seconds <= 0.9 * choice.float32_seconds
     assert (choice.dtype == "bfloat16") == (fast and choice.max_prob_diff <= 1e-2)
-    # "a few seconds" on 2 cores: the bfloat16 load and eight reads of five short prompts.
+    # "a few seconds" on 2 cores: the bfloat16 load and at most eight reads of five short prompts.
     assert choice.seconds is not None and choice.seconds < 60
 
 
