@@ -106,6 +106,17 @@ def dtype_name(dtype: str) -> str | None:
     return DTYPE_NAMES.get(dtype.strip().lower().removeprefix("torch."))
 
 
+#: The dtype a run may ask for instead of a name: float32 or bfloat16, whichever this host
+#: runs faster without moving the probabilities, timed when the model loads
+#: (:mod:`contllm.models.autodtype`; config.json keeps "auto", the manifest the choice).
+AUTO_DTYPE = "auto"
+
+
+def is_dtype_setting(dtype: str) -> bool:
+    """Whether a run takes ``dtype``: a name of :data:`DTYPE_NAMES` or :data:`AUTO_DTYPE` (any case)."""
+    return dtype_name(dtype) is not None or dtype.strip().lower() == AUTO_DTYPE
+
+
 #: Largest seed: torch, numpy and Python's random all take it.
 MAX_SEED = 2**63 - 1
 
@@ -154,7 +165,8 @@ class RunSettings:
 
     model: what to load and how config.json names it (alias, hub id or directory).
     items: the first N items or comma-separated ids (None: all; a count is kept as text).
-    seed: the run's random seed. dtype: float32, bfloat16 or float16 (None: the device's default).
+    seed: the run's random seed. dtype: float32, bfloat16, float16 or auto (bfloat16 where it is
+        faster here and close to float32, else float32: :mod:`contllm.models.autodtype`; None: float32).
     max_batch_tokens: most tokens one forward computes (None: automatic); used by every
         experiment that evaluates the model in batches (the engine and attribution's gradients).
     device_map: "auto" spreads a model over several devices (engine experiments).
@@ -186,8 +198,10 @@ class RunSettings:
         if isinstance(self.seed, str):  # only Python ints, as the field says; the command line reads its text first
             raise ExperimentError(f"seed must be an integer, got {_short(self.seed)}")
         check_seed(self.seed)
-        if self.dtype is not None and (not isinstance(self.dtype, str) or dtype_name(self.dtype) is None):
-            raise ExperimentError(f"dtype must be a name ({', '.join(DTYPE_NAMES)}), got {_short(self.dtype)}")
+        if self.dtype is not None and (not isinstance(self.dtype, str) or not is_dtype_setting(self.dtype)):
+            raise ExperimentError(
+                f"dtype must be a name ({', '.join(DTYPE_NAMES)}) or {AUTO_DTYPE}, got {_short(self.dtype)}"
+            )
         _positive_int(self.max_batch_tokens, "--max-batch-tokens")
         _positive_int(self.group_bytes, GROUP_BYTES_VARIABLE)
         if self.device_map is not None:
@@ -216,6 +230,11 @@ class RunSettings:
                 raise ExperimentError(f"option(s) {', '.join(unused)} do not apply to the {experiment.name} experiment")
         if not experiment.shardable and launch_size() > 1:
             raise ExperimentError(f"{experiment.name} runs in one process; start it without a launcher")
+        if self.dtype is not None and self.dtype.strip().lower() == AUTO_DTYPE and launch_size() > 1:
+            raise ExperimentError(
+                "--dtype auto times the model in one process, and a launch's processes could pick differently; "
+                "give --dtype float32 or bfloat16"
+            )
 
     def recorded(self) -> dict[str, Any]:
         """What config.json keeps and ``--resume`` compares: every setting that changes the records."""

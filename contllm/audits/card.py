@@ -160,7 +160,9 @@ class Card:
     model, protocol: as audited. plan: the audit's plan (:class:`~contllm.audits.budget.Plan`
     as data: budget, calibration, counts). bootstrap: resamples, level and seed of the
     intervals. reference: where the reference numbers come from (file, date, machine,
-    models), None without them. seconds and created: times (a resumed audit's differ).
+    models), None without them. dtype_choice: what ``--dtype auto`` measured and picked
+    (:meth:`contllm.models.autodtype.DtypeChoice.to_dict`, from the runs' manifests), None
+    for a dtype given by name. seconds and created: times (a resumed audit's differ).
     """
 
     model: str
@@ -169,6 +171,7 @@ class Card:
     findings: list[Finding]
     bootstrap: dict[str, Any]
     reference: dict[str, Any] | None = None
+    dtype_choice: dict[str, Any] | None = None
     versions: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, Any] = field(default_factory=dict)
     created: str = ""
@@ -265,10 +268,12 @@ def build_card(
 
     refs = reference.load()
     findings = []
+    dtype_choice = None
     for share in plan.shares:
         s = study(share.experiment)
         experiment = registry.get(s.experiment)
         run = load_run(out / s.experiment)
+        dtype_choice = dtype_choice or run.manifest.get("dtype_choice")
         intervals = bootstrap(experiment, run.result, s.metrics, resamples=resamples, seed=seed)
         declared = {m.name: m for m in experiment.metrics}
         numbers = []
@@ -309,6 +314,7 @@ def build_card(
         findings=findings,
         bootstrap={"resamples": resamples, "level": LEVEL, "seed": seed, "over": "items"},
         reference=reference.about(refs),
+        dtype_choice=dtype_choice,
         versions={"contllm": __version__},
         seconds={"runs": dict(run_seconds)},
         created=now(),

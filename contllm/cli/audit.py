@@ -49,7 +49,12 @@ def audit(
         "auto", "--device", metavar="DEVICE", help="auto (CUDA when available), cpu, cuda:1, ..."
     ),
     dtype: str | None = typer.Option(
-        None, "--dtype", metavar="[float32|bfloat16|float16]", help="Precision of the model. [default: float32]"
+        None,
+        "--dtype",
+        metavar="[float32|bfloat16|float16|auto]",
+        help="Precision of the model; auto: bfloat16 where a few seconds' calibration at load finds it at least "
+        "10% faster here with probabilities within 1e-2 of float32, else float32 (the card states the choice "
+        "and why). [default: float32]",
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue the audit in --out (its plan is kept)."),
     force: bool = typer.Option(False, "--force", help="Replace the audit in --out."),
@@ -115,9 +120,15 @@ def _check(
     from contllm.audits.budget import parse_budget
     from contllm.audits.run import check_out, check_protocol, check_resumed
     from contllm.cli.index import check_cache
+    from contllm.errors import ExperimentError
+    from contllm.settings import is_dtype_setting
 
     seconds = None if budget is None else parse_budget(budget)
     check_protocol(protocol)
+    if dtype is not None and not is_dtype_setting(dtype):
+        raise ExperimentError(
+            f"--dtype must be float32, bfloat16, float16 or auto (or fp32, bf16, fp16), got {dtype!r}"
+        )
     check_cache(model)
     stored = check_out(out, resume=resume, force=force)
     if stored is not None:

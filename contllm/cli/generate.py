@@ -29,7 +29,7 @@ from contllm.core.decoding import MAX_NEW_TOKENS, check_options
 from contllm.errors import ContllmError, SignalError
 from contllm.experiments.options import read_value
 from contllm.numerals import MAX_TIME, MIN_MAGNITUDE, as_number
-from contllm.settings import check_seed, dtype_name
+from contllm.settings import check_seed, is_dtype_setting
 
 _SPAN = re.compile(r"^([0-9]{1,30}):([0-9]{1,30})$")
 
@@ -186,9 +186,9 @@ def request(prompt: str, values: dict[str, Any]) -> Request:
         "stop_at_eos": values["eos"],
         "probs": top,
     }
-    if values["dtype"] is not None and dtype_name(values["dtype"]) is None:  # the names `contllm run` takes
+    if values["dtype"] is not None and not is_dtype_setting(values["dtype"]):  # the names `contllm run` takes
         raise ContllmError(
-            f"--dtype must be float32, bfloat16 or float16 (or fp32, bf16, fp16), got {values['dtype']!r}"
+            f"--dtype must be float32, bfloat16, float16 or auto (or fp32, bf16, fp16), got {values['dtype']!r}"
         )
     _check_generation_options(options)
     check_cache(values["model"])
@@ -256,7 +256,12 @@ COMMAND = _Command(
             help=f"Embedded alias, Hugging Face id or local directory. [default: {models()[0]}]",
         ),
         click.Option(["--device"], default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, ..."),
-        click.Option(["--dtype"], default=None, metavar="[float32|bfloat16|float16]", help="[default: float32]"),
+        click.Option(
+            ["--dtype"],
+            default=None,
+            metavar="[float32|bfloat16|float16|auto]",
+            help="auto: bfloat16 where it is faster here and close to float32. [default: float32]",
+        ),
         click.Option(
             ["--scale"],
             multiple=True,

@@ -84,8 +84,10 @@ RUN_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
         ("--dtype",),
         {
             "default": None,
-            "metavar": "[float32|bfloat16|float16]",
-            "help": "Precision of the model's weights and activations. [default: float32]",
+            "metavar": "[float32|bfloat16|float16|auto]",
+            "help": "Precision of the model's weights and activations; auto: bfloat16 where a few seconds' "
+            "calibration at load finds it at least 10% faster here with probabilities within 1e-2 of "
+            "float32, else float32 (the choice and why go into manifest.json). [default: float32]",
         },
     ),
     (
@@ -308,7 +310,12 @@ def spec_command(path: str) -> click.Command:
             click.Option(["--resume"], is_flag=True, help="Continue every run of the spec."),
             click.Option(["--force"], is_flag=True, help="Replace every run of the spec."),
             click.Option(["--device"], default=None, help="Overrides the spec's device."),
-            click.Option(["--dtype"], default=None, help="Overrides the spec's dtype."),
+            click.Option(
+                ["--dtype"],
+                default=None,
+                metavar="[float32|bfloat16|float16|auto]",
+                help="Overrides the spec's dtype.",
+            ),
             click.Option(
                 ["--model", "-m"], default=None, help="Runs every experiment on this model instead of the spec's."
             ),

@@ -272,32 +272,82 @@ def run(
     try:
         if procs.is_main:  # locked before the model loads: a second process on this directory is refused at once
             run_dir.reserve()
-        lm, loading = _load_unless_given(lm, plan, procs, device, echo)
+        auto_choice = _auto_choice_of(run_dir, plan.settings)
+        lm, loading = _load_unless_given(lm, plan, procs, device, echo, auto_choice)
+        _check_auto_resumed(lm, auto_choice, run_dir)
         plan.experiment.check(lm, plan.config)
         return _Execution(plan, lm, run_dir, procs, echo, loading).run()
     finally:
         run_dir.close()
 
 
-def _load_unless_given(lm: Any, plan: CheckedRun, procs: Any, device: str, echo: Say) -> tuple[Any, float | None]:
-    """(the run's model, seconds its load took): ``lm`` itself (None: no load) when one was given."""
+def _auto_choice_of(run_dir: RunDir, settings: RunSettings) -> Mapping[str, Any] | None:
+    """The dtype choice a resumed ``--dtype auto`` run made when it started (its manifest's), else None.
+
+    A resumed run keeps that dtype rather than timing again: a second choice could differ,
+    and the records of one run are computed in one dtype.
+    """
+    from contllm.rundir import schemas
+    from contllm.rundir.files import read_json
+    from contllm.rundir.runs import MANIFEST
+    from contllm.settings import AUTO_DTYPE
+
+    if not run_dir.resumed or (settings.dtype or "").strip().lower() != AUTO_DTYPE:
+        return None
+    path = run_dir.path / MANIFEST
+    manifest = read_json(path, schema=schemas.MANIFEST) if path.is_file() else {}
+    choice = manifest.get("dtype_choice")
+    return choice if isinstance(choice, Mapping) else None
+
+
+def _check_auto_resumed(lm: Any, auto_choice: Mapping[str, Any] | None, run_dir: RunDir) -> None:
+    """RunDirectoryError when a resumed ``--dtype auto`` run is given a model of another dtype than its records'.
+
+    A model loaded here has the recorded dtype; one given (a spec's or an audit's, loaded
+    and timed anew) may have picked the other, and one run's records share one dtype.
+    """
+    if auto_choice is None or str(lm.dtype).removeprefix("torch.") == auto_choice["dtype"]:
+        return
+    raise RunDirectoryError(
+        f"cannot resume {run_dir.path}: --dtype auto picked {auto_choice['dtype']} when it started, and the model "
+        f"given is {str(lm.dtype).removeprefix('torch.')}; load it with dtype={auto_choice['dtype']!r}"
+    )
+
+
+def _load_unless_given(
+    lm: Any, plan: CheckedRun, procs: Any, device: str, echo: Say, auto_choice: Mapping[str, Any] | None = None
+) -> tuple[Any, float | None]:
+    """(the run's model, seconds its load took): ``lm`` itself (None: no load) when one was given.
+
+    auto_choice: the dtype choice of the run being resumed (:func:`_auto_choice_of`): its
+    dtype is loaded, untimed, and the choice kept on the model's info.
+    """
     import torch
 
     from contllm.rundir.distributed import device_map_memory
 
     settings = plan.settings
+    dtype = settings.dtype if auto_choice is None else str(auto_choice["dtype"])
     torch.manual_seed(settings.seed)
     if lm is None and procs.is_main:
-        _note_half_precision(settings.dtype, procs.device or device, echo)
+        _note_half_precision(dtype, procs.device or device, echo)
     loading = None
     if lm is None:
         placement: dict[str, Any] = {}
         if settings.device_map is not None:
             placement = {"device_map": settings.device_map, "max_memory": device_map_memory(procs)}
+        if auto_choice is not None:
+            echo(f"dtype auto: resuming in {dtype}, as picked when the run started")
         started = time.perf_counter()
         with procs.main_first():  # an embedded model is converted into the cache once
-            lm = load_for_run(plan.model, device=procs.device or device, dtype=settings.dtype, say=echo, **placement)
+            lm = load_for_run(plan.model, device=procs.device or device, dtype=dtype, say=echo, **placement)
         loading = time.perf_counter() - started
+        if auto_choice is not None:
+            from dataclasses import replace
+
+            from contllm.models.autodtype import DtypeChoice
+
+            lm.info = replace(lm.info, dtype_choice=DtypeChoice.from_dict(auto_choice))
     return lm, loading
 
 

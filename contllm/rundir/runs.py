@@ -3,7 +3,7 @@
 Layout of a run directory::
 
     config.json        the resolved configuration (experiment, model, options)
-    manifest.json      model, weights sha256, package versions, device, dtype, commit, times
+    manifest.json      model, weights sha256, package versions, device, dtype (and dtype_choice), commit, times
     items/<id>.json    one record per finished item ({"id": ..., "record": ...}), each written atomically
     shards/process-<rank>/<id>.json
                        the same, written by one process of a launched run until the main
@@ -564,12 +564,18 @@ def project_commit() -> str | None:
 def base_manifest(lm: Any, model_name: str) -> dict[str, Any]:
     """Where a run's numbers come from: model, weights, software, device, dtype and CPU (half-precision kernels differ by CPU).
 
+    A model loaded with dtype="auto" adds ``dtype_choice`` (:meth:`contllm.models.autodtype.DtypeChoice.to_dict`):
+    the two timings, the probability difference, the device and the reason of its dtype.
+
     The host name is recorded only when CONTLLM_RECORD_HOST=1 is set (run directories get shared).
     """
     from contllm.hardware import cpu_capability
 
     info = lm.info
     extra = {"host": platform.node()} if os.environ.get("CONTLLM_RECORD_HOST") == "1" else {}
+    choice = getattr(info, "dtype_choice", None)
+    if choice is not None:  # dtype="auto": what was timed and why this dtype
+        extra["dtype_choice"] = choice.to_dict()
     return extra | {
         "model": model_name,
         "model_type": lm.model.config.model_type,

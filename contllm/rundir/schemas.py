@@ -347,6 +347,25 @@ CALIBRATION = Obj(
     {"signals": Int(1), "tokens": Int(0), "seconds": Num(0), "warmup": Num(0), "rate": Num(0)},
 )
 
+#: What dtype="auto" measured and picked (:meth:`contllm.models.autodtype.DtypeChoice.to_dict`), in a run's
+#: manifest and in a card.
+DTYPE_CHOICE = Obj(
+    "a dtype choice",
+    {
+        "requested": optional(Str()),
+        "dtype": Enum(("float32", "bfloat16")),
+        "float32_seconds": Num(0),
+        "bfloat16_seconds": Num(0),
+        "max_prob_diff": Nullable(Num(0)),
+        "device": Str(),
+        "min_gain": Num(0),
+        "max_allowed": Num(0),
+        "reason": Str(),
+        "seconds": optional(_SECONDS),
+        "rounds": optional(Nullable(Int(1))),
+    },
+)
+
 #: One experiment's share of a plan (:class:`contllm.audits.budget.Share`).
 SHARE = Obj("a share of the plan", {"experiment": Str(empty=False), "count": Int(1), "seconds": Num(0)})
 
@@ -469,6 +488,7 @@ CARD = Obj(
         "findings": ListOf(FINDING),
         "bootstrap": BOOTSTRAP,
         "reference": optional(Nullable(REFERENCE_ABOUT)),
+        "dtype_choice": optional(Nullable(DTYPE_CHOICE)),
         "versions": optional(MapOf(Nullable(Str()))),
         "seconds": optional(
             Obj(
@@ -512,6 +532,7 @@ MANIFEST = Obj(
         "source": optional(_TEXT),
         "device": optional(_TEXT),
         "dtype": optional(_TEXT),
+        "dtype_choice": optional(Nullable(DTYPE_CHOICE)),
         "state_dtype": optional(_TEXT),
         "device_map": optional(_TEXT),
         "attn_implementation": optional(_TEXT),

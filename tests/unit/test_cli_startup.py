@@ -168,7 +168,7 @@ def test_option_types_and_defaults_show() -> None:
     flat = " ".join(page.split())
     assert "--samples INTEGER" in page and "--range MIN,MAX" in page
     assert "--seed INTEGER" in page and "--max-batch-tokens INTEGER" in page
-    assert "--dtype [float32|bfloat16|float16]" in page and "[default: float32]" in flat
+    assert "--dtype [float32|bfloat16|float16|auto]" in page and "[default: float32]" in flat
     default_model = cli_index.models(indexed=False)[0]  # read from contllm.models, not from the index
     assert default_model == "qwen2.5-coder-0.5b" and f"[default: {default_model}]" in flat
     assert " TEXT " not in page.split("--samples")[1].split("\n")[0]

@@ -202,3 +202,53 @@ def test_the_device_is_described_by_the_hardware_module() -> None:
     assert describe_device("cpu") == describe() == describe_device(torch.device("cpu"))
     if torch.cuda.is_available():
         assert describe_device("cuda").startswith("gpu: ")
+
+
+# ---------------------------------------------------------------------------- runs and cards
+
+
+def test_a_run_takes_auto_and_config_json_keeps_it() -> None:
+    from contllm.errors import ExperimentError
+    from contllm.settings import RunSettings
+
+    assert RunSettings(dtype="auto").recorded()["dtype"] == "auto"
+    assert RunSettings(dtype=" Auto").dtype == " Auto"
+    with pytest.raises(ExperimentError, match="or auto, got 'autox'"):
+        RunSettings(dtype="autox")
+
+
+def test_the_manifest_and_the_card_schemas_hold_a_choice() -> None:
+    from contllm.rundir.schemas import CARD, DTYPE_CHOICE, MANIFEST, validate
+
+    for choice in (decide(0.148, 0.592, 0.017, CPU), decide(0.2, 0.1, float("nan"), CPU)):
+        data = json.loads(json.dumps(choice.to_dict(), allow_nan=False))
+        validate(data, DTYPE_CHOICE, "not a choice", ModelLoadError)
+        validate({"dtype": choice.dtype, "dtype_choice": data}, MANIFEST, "not a manifest", ModelLoadError)
+    with pytest.raises(ModelLoadError, match="dtype"):
+        validate({**data, "dtype": "float16"}, DTYPE_CHOICE, "not a choice", ModelLoadError)
+    assert "dtype_choice" in CARD.fields
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "counting", "--dtype", "autox"],
+        ["audit", "smollm2-135m", "--dtype", "int8"],
+        ["generate", "the cat", "--dtype", "autos"],
+    ],
+)
+def test_a_bad_dtype_is_one_line_naming_auto_and_exit_2(args: list[str]) -> None:
+    from tests.unit.test_cli_startup import probe
+
+    result, output = probe(*args)
+    assert result["code"] == 2 and output.count("error:") == 1 and "or auto" in output, output
+    if args[0] == "audit":
+        assert result["heavy"] == [], output
+
+
+@pytest.mark.parametrize("command", [["run", "counting"], ["audit"], ["generate"]])
+def test_the_help_offers_auto(command: list[str]) -> None:
+    from tests.unit.test_cli_startup import probe
+
+    result, output = probe(*command, "--help")
+    assert result["code"] == 0 and "--dtype [float32|bfloat16|float16|auto]" in output, output

@@ -55,7 +55,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["--sample", "--top-p", "1.5"], "top_p must lie in (0, 1]"),
         (["--sample", "--top-k", "0"], "top_k must be an integer >= 1"),
         (["--top", "0"], "--top must be >= 1"),
-        (["--dtype", "int8"], "--dtype must be float32, bfloat16 or float16"),
+        (["--dtype", "int8"], "--dtype must be float32, bfloat16, float16 or auto"),
         (["--bogus"], "No such option '--bogus'"),
         (["--duration"], "Option '--duration' requires an argument"),
         (["--model", "/no/such/model/dir"], "/no/such/model/dir"),
