@@ -121,6 +121,9 @@ def _about(card: Card) -> str:
 
         rows.append(("budget", budget_text(budget)))
     rows.append(("items", ", ".join(f"{f.experiment} {f.items}" for f in card.findings)))
+    choice = card.dtype_choice
+    if choice:
+        rows.append(("dtype", f"{choice.get('dtype')} (--dtype auto): {choice.get('reason')}"))
     calibration = plan.get("calibration")
     if calibration:
         rows.append(

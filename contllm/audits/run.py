@@ -152,6 +152,21 @@ def check_resumed(
 # ---------------------------------------------------------------------------- planning
 
 
+def recorded_choice(out: Path) -> Mapping[str, Any] | None:
+    """The dtype choice of ``--dtype auto`` that the audit in ``out`` recorded in its runs' manifests (None: no run
+    has recorded one yet), so that a resumed audit loads the model in that dtype instead of timing it again."""
+    from contllm.rundir import schemas
+    from contllm.rundir.runs import MANIFEST
+
+    for s in STUDIES:
+        path = out / s.experiment / MANIFEST
+        if path.is_file():
+            choice = read_json(path, schema=schemas.MANIFEST).get("dtype_choice")
+            if isinstance(choice, Mapping):
+                return choice
+    return None
+
+
 def study_config(s: Study, protocol: str, count: int) -> tuple[Any, Any, str | None]:
     """(the experiment, its config, the run's items setting) of ``count`` units of study ``s``."""
     from contllm import registry
@@ -360,7 +375,15 @@ def audit(
         if isinstance(lm, str):
             from contllm.rundir.runner import load_for_run
 
-            lm = load_for_run(lm, device=device, dtype=dtype, say=say)
+            picked = recorded_choice(out) if stored is not None and str(dtype).lower() == "auto" else None
+            lm = load_for_run(lm, device=device, dtype=dtype if picked is None else picked["dtype"], say=say)
+            if picked is not None:  # the dtype --dtype auto picked when the audit started, not a second timing
+                from dataclasses import replace
+
+                from contllm.models.autodtype import DtypeChoice
+
+                say(f"dtype auto: resuming in {picked['dtype']}, as picked when the audit started")
+                lm.info = replace(lm.info, dtype_choice=DtypeChoice.from_dict(picked))
         if stored is not None:
             plan = Plan.from_dict(stored["plan"])
             say(f"resuming the audit in {out}: {_counts_text(plan)}")

@@ -254,3 +254,26 @@ def test_the_papers_protocol_reaches_every_experiment_that_takes_it(lm: Continuo
         assert options.get("protocol") == ("paper" if finding.experiment != "linearity" else None)
     samples = json.loads((tmp_path / "paper" / "counting" / "config.json").read_text())["options"]["samples"]
     assert samples == 100  # the paper's sweep
+
+
+def test_a_card_states_the_dtype_auto_picked_and_a_resumed_audit_finds_it(
+    audited: tuple[Card, Path], tmp_path: Path
+) -> None:
+    from contllm.audits.page import card_page
+    from contllm.audits.run import recorded_choice
+    from contllm.models.autodtype import decide
+    from contllm.rundir.runs import MANIFEST
+
+    card, out = audited
+    assert card.dtype_choice is None and recorded_choice(out) is None  # a dtype given by name
+    choice = decide(0.5, 0.3, 0.004, "cpu <b>x</b>").to_dict()
+    page = card_page(dataclasses.replace(card, dtype_choice=choice), out)
+    assert "<b>dtype</b>: bfloat16 (--dtype auto): " in page and "cpu &lt;b&gt;x&lt;/b&gt;" in page
+    # The runs' manifests record the choice; a resumed audit reads it there rather than timing again.
+    copy = tmp_path / "audit"
+    for s in STUDIES:
+        if (out / s.experiment / MANIFEST).is_file():
+            (copy / s.experiment).mkdir(parents=True)
+            manifest = json.loads((out / s.experiment / MANIFEST).read_text())
+            (copy / s.experiment / MANIFEST).write_text(json.dumps({**manifest, "dtype_choice": choice}))
+    assert recorded_choice(copy) == choice
