@@ -155,16 +155,9 @@ def check_resumed(
 def recorded_choice(out: Path) -> Mapping[str, Any] | None:
     """The dtype choice of ``--dtype auto`` that the audit in ``out`` recorded in its runs' manifests (None: no run
     has recorded one yet), so that a resumed audit loads the model in that dtype instead of timing it again."""
-    from contllm.rundir import schemas
-    from contllm.rundir.runs import MANIFEST
+    from contllm.rundir.runner import recorded_dtype_choice
 
-    for s in STUDIES:
-        path = out / s.experiment / MANIFEST
-        if path.is_file():
-            choice = read_json(path, schema=schemas.MANIFEST).get("dtype_choice")
-            if isinstance(choice, Mapping):
-                return choice
-    return None
+    return recorded_dtype_choice(out / s.experiment for s in STUDIES)
 
 
 def study_config(s: Study, protocol: str, count: int) -> tuple[Any, Any, str | None]:
@@ -378,12 +371,10 @@ def audit(
             picked = recorded_choice(out) if stored is not None and str(dtype).lower() == "auto" else None
             lm = load_for_run(lm, device=device, dtype=dtype if picked is None else picked["dtype"], say=say)
             if picked is not None:  # the dtype --dtype auto picked when the audit started, not a second timing
-                from dataclasses import replace
-
-                from contllm.models.autodtype import DtypeChoice
+                from contllm.rundir.runner import keep_choice
 
                 say(f"dtype auto: resuming in {picked['dtype']}, as picked when the audit started")
-                lm.info = replace(lm.info, dtype_choice=DtypeChoice.from_dict(picked))
+                keep_choice(lm, picked)
         if stored is not None:
             plan = Plan.from_dict(stored["plan"])
             say(f"resuming the audit in {out}: {_counts_text(plan)}")

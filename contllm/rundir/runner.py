@@ -19,7 +19,7 @@ model loads, and everything that needs the model is checked before anything is w
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -287,17 +287,37 @@ def _auto_choice_of(run_dir: RunDir, settings: RunSettings) -> Mapping[str, Any]
     A resumed run keeps that dtype rather than timing again: a second choice could differ,
     and the records of one run are computed in one dtype.
     """
-    from contllm.rundir import schemas
-    from contllm.rundir.files import read_json
-    from contllm.rundir.runs import MANIFEST
     from contllm.settings import AUTO_DTYPE
 
     if not run_dir.resumed or (settings.dtype or "").strip().lower() != AUTO_DTYPE:
         return None
-    path = run_dir.path / MANIFEST
-    manifest = read_json(path, schema=schemas.MANIFEST) if path.is_file() else {}
-    choice = manifest.get("dtype_choice")
-    return choice if isinstance(choice, Mapping) else None
+    return recorded_dtype_choice([run_dir.path])
+
+
+def recorded_dtype_choice(dirs: Iterable[Path]) -> Mapping[str, Any] | None:
+    """The dtype choice of ``--dtype auto`` recorded in the manifest of the first of the run directories ``dirs``
+    that holds one (None: none does), for a resumed run, spec or audit to load that dtype instead of timing again."""
+    from contllm.rundir import schemas
+    from contllm.rundir.files import read_json
+    from contllm.rundir.runs import MANIFEST
+
+    for folder in dirs:
+        path = Path(folder) / MANIFEST
+        if path.is_file():
+            choice = read_json(path, schema=schemas.MANIFEST).get("dtype_choice")
+            if isinstance(choice, Mapping):
+                return choice
+    return None
+
+
+def keep_choice(lm: Any, choice: Mapping[str, Any]) -> Any:
+    """``lm``, loaded in the dtype of a recorded ``--dtype auto`` ``choice``, with that choice on its info."""
+    from dataclasses import replace
+
+    from contllm.models.autodtype import DtypeChoice
+
+    lm.info = replace(lm.info, dtype_choice=DtypeChoice.from_dict(choice))
+    return lm
 
 
 def _check_auto_resumed(lm: Any, auto_choice: Mapping[str, Any] | None, run_dir: RunDir) -> None:
@@ -343,11 +363,7 @@ def _load_unless_given(
             lm = load_for_run(plan.model, device=procs.device or device, dtype=dtype, say=echo, **placement)
         loading = time.perf_counter() - started
         if auto_choice is not None:
-            from dataclasses import replace
-
-            from contllm.models.autodtype import DtypeChoice
-
-            lm.info = replace(lm.info, dtype_choice=DtypeChoice.from_dict(auto_choice))
+            keep_choice(lm, auto_choice)
     return lm, loading
 
 

@@ -255,7 +255,7 @@ def run_spec(
     spec = load_spec(path, model=model, items=items, samples=samples)
     from contllm import load  # the heavy modules once the spec holds
     from contllm.rundir.distributed import start_processes
-    from contllm.rundir.runner import run
+    from contllm.rundir.runner import keep_choice, recorded_dtype_choice, run
 
     root = out if out is not None else spec.out
     device = device if device not in (None, "auto") else spec.device
@@ -269,8 +269,13 @@ def run_spec(
     every_run: dict[str, Any] = dict(resume=resume, force=force, device=device, say=say, progress=say is not None)
     for model in spec.models:
         mine = [(e, t) for e, t in zip(entries, targets) if e.model == model]
+        wanted = mine[0][0].settings.dtype
+        # A resumed spec loads the dtype that --dtype auto picked when its runs started, instead of timing again.
+        picked = recorded_dtype_choice(t for _, t in mine) if resume and str(wanted).lower() == "auto" else None
         with procs.main_first():
-            lm = load(model, device=procs.device or device, dtype=mine[0][0].settings.dtype)
+            lm = load(model, device=procs.device or device, dtype=wanted if picked is None else picked["dtype"])
+        if picked is not None:
+            keep_choice(lm, picked)
         for entry, out_dir in mine:
             written.append(
                 run(
