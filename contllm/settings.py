@@ -110,6 +110,12 @@ def dtype_name(dtype: str) -> str | None:
 #: runs faster without moving the probabilities, timed when the model loads
 #: (:mod:`contllm.models.autodtype`; config.json keeps "auto", the manifest the choice).
 AUTO_DTYPE = "auto"
+#: How the command line shows --dtype's values, and what it says of auto.
+DTYPE_METAVAR = "[float32|bfloat16|float16|auto]"
+AUTO_DTYPE_HELP = (
+    "auto: bfloat16 where a few seconds' calibration at load finds it at least 10% faster here with "
+    "probabilities within 1e-2 of float32, else float32"
+)
 
 
 def is_dtype_setting(dtype: str) -> bool:

@@ -29,7 +29,7 @@ from contllm.core.decoding import MAX_NEW_TOKENS, check_options
 from contllm.errors import ContllmError, SignalError
 from contllm.experiments.options import read_value
 from contllm.numerals import MAX_TIME, MIN_MAGNITUDE, as_number
-from contllm.settings import check_seed, is_dtype_setting
+from contllm.settings import AUTO_DTYPE_HELP, DTYPE_METAVAR, check_seed, is_dtype_setting
 
 _SPAN = re.compile(r"^([0-9]{1,30}):([0-9]{1,30})$")
 
@@ -256,12 +256,7 @@ COMMAND = _Command(
             help=f"Embedded alias, Hugging Face id or local directory. [default: {models()[0]}]",
         ),
         click.Option(["--device"], default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, ..."),
-        click.Option(
-            ["--dtype"],
-            default=None,
-            metavar="[float32|bfloat16|float16|auto]",
-            help="auto: bfloat16 where it is faster here and close to float32. [default: float32]",
-        ),
+        click.Option(["--dtype"], default=None, metavar=DTYPE_METAVAR, help=f"{AUTO_DTYPE_HELP}. [default: float32]"),
         click.Option(
             ["--scale"],
             multiple=True,
