@@ -8,11 +8,11 @@ pair of cards with whether their difference is *resolved* (:func:`resolved`: onl
 the title, the item count beside each point, the legend outside the data), :func:`write`
 saves each as ``atlas/<name>.png`` with a name made by :func:`contllm.rundir.files.data_name`.
 
-Where a model's size comes from (:func:`model_size`): a card records the model's name, not
-its size, so the parameter count is the model registry's (:data:`contllm.models.REGISTRY`,
-by the card's model name) and the family the one the card's runs recorded in their
-manifest.json (else the registry's). A card whose parameter count stays unknown is left
-out of the figures with a note saying why; its numbers still take part in the pairs.
+Where a model's size comes from (:func:`model_size`): the parameter count and the family
+that the card's runs recorded in their manifest.json, else the model registry's
+(:data:`contllm.models.REGISTRY`, by the card's model name; runs made before manifests
+recorded a parameter count). A card whose parameter count stays unknown is left out of the
+figures with a note saying why; its numbers still take part in the pairs.
 """
 
 from __future__ import annotations
@@ -129,8 +129,9 @@ def registry_size(model: str) -> tuple[int | None, str | None]:
     return entry.n_parameters, family
 
 
-def recorded_family(card: Card, directory: Path) -> str | None:
-    """The model family the card's runs recorded (their manifest.json, under ``directory``), None where none did."""
+def recorded(card: Card, directory: Path) -> tuple[int | None, str | None]:
+    """(parameter count, family) of the model as the card's runs recorded them (their manifest.json, under
+    ``directory``); None for what none recorded."""
     from contllm.rundir import schemas
     from contllm.rundir.files import inside, read_json
     from contllm.rundir.runs import MANIFEST
@@ -140,22 +141,25 @@ def recorded_family(card: Card, directory: Path) -> str | None:
             manifest = read_json(inside(directory, Path(f.run) / MANIFEST), schema=schemas.MANIFEST)
         except RunDirectoryError:  # no run beside the card (a card.json alone), or one that cannot be read
             continue
-        family = manifest.get("family")
-        if isinstance(family, str) and family:
-            return family
-    return None
+        parameters, family = manifest.get("parameters"), manifest.get("family")
+        if parameters or family:
+            return (parameters if isinstance(parameters, int) else None), (family or None)
+    return None, None
 
 
 def model_size(card: Card, directory: Path) -> Size:
     """The size and family of the card's model (``directory``: the card's audit directory)."""
-    parameters, family = registry_size(card.model)
+    parameters, family = recorded(card, directory)
+    if parameters is None or family is None:  # runs made before manifests recorded both: the registry's
+        listed, listed_family = registry_size(card.model)
+        parameters, family = parameters or listed, family or listed_family
     note = (
         ""
         if parameters is not None
-        else f"its parameter count is unknown: the card does not record one and {card.model!r} is not an embedded "
+        else f"its parameter count is unknown: its runs recorded none and {card.model!r} is not an embedded "
         "model of the registry (contllm models)"
     )
-    return Size(parameters, recorded_family(card, directory) or family, note)
+    return Size(parameters, family, note)
 
 
 def parameters_text(n: float) -> str:

@@ -562,7 +562,8 @@ def project_commit() -> str | None:
 
 
 def base_manifest(lm: Any, model_name: str) -> dict[str, Any]:
-    """Where a run's numbers come from: model, weights, software, device, dtype and CPU (half-precision kernels differ by CPU).
+    """Where a run's numbers come from: model (its family and parameter count), weights, software, device, dtype and CPU
+    (half-precision kernels differ by CPU).
 
     A model loaded with dtype="auto" adds ``dtype_choice`` (:meth:`contllm.models.autodtype.DtypeChoice.to_dict`):
     the two timings, the probability difference, the device and the reason of its dtype.
@@ -580,6 +581,7 @@ def base_manifest(lm: Any, model_name: str) -> dict[str, Any]:
         "model": model_name,
         "model_type": lm.model.config.model_type,
         "family": lm.family.name,
+        "parameters": sum(p.numel() for p in lm.model.parameters()),
         "weights_sha256": getattr(info, "sha256", None) or getattr(info, "weights_sha256", None),
         "source": str(getattr(info, "source", "") or "") or None,
         "device": str(lm.device),

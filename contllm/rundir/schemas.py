@@ -528,6 +528,7 @@ MANIFEST = Obj(
         "model": optional(Str(empty=False)),
         "model_type": optional(_TEXT),
         "family": optional(_TEXT),
+        "parameters": optional(Nullable(Int(1))),
         "weights_sha256": optional(_TEXT),
         "source": optional(_TEXT),
         "device": optional(_TEXT),

@@ -44,6 +44,10 @@ def test_counting_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
     assert manifest["status"] == "finished" and manifest["model"] == DEFAULT_MODEL == "qwen2.5-coder-0.5b"
     assert len(manifest["weights_sha256"]) == 64 and manifest["dtype"] == "float32"
     assert manifest["versions"]["torch"] and manifest["started"] <= manifest["finished"]
+    # The loaded model's parameters, as the registry counts them (the audit's atlas places a model by this).
+    from contllm.models import REGISTRY
+
+    assert manifest["family"] == "qwen2" and manifest["parameters"] == REGISTRY[DEFAULT_MODEL].n_parameters
     rows = read_rows(out / "results.csv")
     assert len(rows) == 3 * 4 * 10
     assert {r["item"] for r in rows} == {"count-001", "count-002", "count-003"}

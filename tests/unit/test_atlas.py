@@ -203,6 +203,9 @@ def test_the_family_the_runs_recorded_comes_before_the_registrys(tmp_path: Path)
     (tmp_path / "counting" / "manifest.json").write_text("not json")
     assert atlas.model_size(c, tmp_path).family == "llama"  # an unreadable manifest: the registry's
     assert atlas.model_size(card("somebody/model", 0.2), tmp_path).parameters is None
+    # A model outside the registry is placed by the parameter count its runs recorded.
+    (tmp_path / "counting" / "manifest.json").write_text(json.dumps({"family": "phi", "parameters": 2_700_000}))
+    assert atlas.model_size(card("somebody/model", 0.2), tmp_path) == atlas.Size(2_700_000, "phi", "")
 
 
 def test_a_figure_in_the_way_is_replaced_only_with_force(tmp_path: Path) -> None:
