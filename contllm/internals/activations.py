@@ -44,7 +44,7 @@ from contllm.internals.binding import OPEN
 from contllm.internals.hookpoints import Point, hook_names, point, resolve_names
 from contllm.internals.hooks import foreign_hooks
 from contllm.internals.intervention import Hook, HookFn, added_hooks, hooks
-from contllm.internals.prefixed import SHARED, Layout, PrefixChanged
+from contllm.internals.prefixed import SHARED, Layout, PrefixChanged, suspended
 
 if TYPE_CHECKING:  # only in annotations, which are strings at run time
     from typing_extensions import TypeIs
@@ -100,7 +100,8 @@ def forward_reads(
             return rows
     columns = _columns(batch, reads)
     kept = sorted({int(c) for row in columns for c in row})
-    logits, _ = forward_batch(lm, batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
+    with suspended(model_of(lm)):
+        logits, _ = forward_batch(lm, batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
     at = {c: i for i, c in enumerate(kept)}
     dtype = torch.promote_types(logits.dtype, torch.float32)
     return [logits[b, [at[int(c)] for c in columns[b]]].to(device="cpu", dtype=dtype) for b in range(len(batch))]

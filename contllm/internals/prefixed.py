@@ -21,6 +21,8 @@ this path.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +31,7 @@ from torch import nn
 
 from contllm.errors import UnsupportedModelError
 
-__all__ = ["SHARED", "Layout", "PrefixChanged"]
+__all__ = ["SHARED", "Layout", "PrefixChanged", "layout_of", "suspended"]
 
 
 class PrefixChanged(Exception):
@@ -98,6 +100,18 @@ class Layout:
 
 #: The layout of the hooked forward running on a model now, if it runs on a shared prefix.
 SHARED: weakref.WeakKeyDictionary[nn.Module, Layout] = weakref.WeakKeyDictionary()
+
+
+@contextmanager
+def suspended(net: nn.Module) -> Iterator[None]:
+    """No shared-prefix layout on ``net`` while the context lasts: a full forward run from inside a hook function of a
+    forward on a shared prefix sees its own values, not that forward's layout."""
+    layout = SHARED.pop(net, None)
+    try:
+        yield
+    finally:
+        if layout is not None:
+            SHARED[net] = layout
 
 
 def layout_of(net: Any) -> Layout | None:
