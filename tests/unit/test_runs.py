@@ -86,19 +86,14 @@ def test_a_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_manifest_names_the_host_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from types import SimpleNamespace
-
-    import torch
-
     from contllm.rundir.runs import base_manifest
+    from tests.unit.tiny import tiny_lm
 
-    lm = SimpleNamespace(
-        info=SimpleNamespace(sha256="0" * 64, source=""), model=SimpleNamespace(config=SimpleNamespace(model_type="llama")),
-        family=SimpleNamespace(name="llama"), device=torch.device("cpu"), dtype=torch.float32, attn_implementation="sdpa",
-    )
+    lm = tiny_lm("llama")
     monkeypatch.delenv("CONTLLM_RECORD_HOST", raising=False)
     manifest = base_manifest(lm, "m")
     assert "host" not in manifest and manifest["cpu"]["capability"] and manifest["command"]
+    assert manifest["family"] == "llama" and manifest["parameters"] == sum(p.numel() for p in lm.model.parameters())
     monkeypatch.setenv("CONTLLM_RECORD_HOST", "1")
     assert base_manifest(lm, "m")["host"]
 
