@@ -63,10 +63,11 @@ def finding(ax: Any, sentence: str, detail: str = "") -> None:
 
 def worded(value: float, ladder: Sequence[tuple[float, str]], below: str, unknown: str) -> str:
     """The sentence of the first step of ``ladder`` ((threshold, sentence), highest threshold first) that ``value``
-    reaches; ``below`` under every step, ``unknown`` for a value that is not a finite number."""
-    if not math.isfinite(value):
-        return unknown
-    return next((sentence for threshold, sentence in ladder if value >= threshold), below)
+    reaches; ``below`` under every step, ``unknown`` for a value that is not a finite number
+    (:class:`contllm.wording.Ladder`, which the findings declare, called once)."""
+    from contllm.wording import Ladder
+
+    return Ladder(tuple(ladder), below, unknown)(value)
 
 
 def label_bars(ax: Any, values: Any, text: str = "{:.2f}", positions: Any = None) -> None:

@@ -267,6 +267,7 @@ EXTENDING = (
     "contllm.experiments.protocol",
     "contllm.core.families",
     "contllm.plotting",
+    "contllm.wording",
     "contllm.rundir.pages",
     "contllm.data.user",
     "contllm.rundir.runner",

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from contllm.rundir.pages import html_text
+from contllm.wording import ladder
 
 #: Characters per line of the text heatmap before a line is wrapped.
 WRAP = 96
@@ -162,14 +163,7 @@ def attribution_finding(precision: float, chance: float) -> tuple[str, str]:
     detail = (
         f"{precision:.0%} of the k most attributed tokens lie in the scaled span (chance {chance:.0%}; k: its tokens)"
     )
-    from contllm.plotting import worded
-
-    ladder = [
-        (chance + 0.2, "Integrated gradients point at the scaled words"),
-        (chance + 0.05, "Integrated gradients find the scaled words more often than chance"),
-    ]
-    below = "Integrated gradients do no better than chance at finding the scaled words"
-    return worded(precision, ladder, below, "Where integrated gradients along the durations point"), detail
+    return ladder("attribution").shifted(chance)(precision), detail
 
 
 def summary_figure(result: Any) -> Any:

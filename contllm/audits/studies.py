@@ -12,11 +12,11 @@ runner like any other run. The sentences of the built-in studies are here.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 from contllm.audits.study import Interval, Study
+from contllm.wording import CardSentence, finite, first_holding, number
 
 __all__ = ["PROTOCOLS", "STUDIES", "Interval", "Study", "declared_studies", "number", "study"]
 
@@ -24,17 +24,6 @@ __all__ = ["PROTOCOLS", "STUDIES", "Interval", "Study", "declared_studies", "num
 PROTOCOLS = ("contllm", "paper")
 
 # ---------------------------------------------------------------------------- sentences
-
-
-def number(value: Any, form: str = ".2f") -> str:
-    """A summary value as the card writes it ("n/a" for a missing or NaN one)."""
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        return "n/a"
-    return format(value, form)
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def counting_finding(what: str) -> Callable[[Mapping[str, Any], Mapping[str, Interval]], str]:
@@ -49,17 +38,17 @@ def counting_finding(what: str) -> Callable[[Mapping[str, Any], Mapping[str, Int
             f"count follows the factor with Spearman {number(rho)}, and the count at factor 1 is right for "
             f"{number(summary.get('accuracy_at_1'), '.0%')} of items"
         )
-        peaks = _finite(low) and low > 1  # type: ignore[operator]
-        follows = _finite(rho) and rho > 0.5  # type: ignore[operator]
-        if peaks and follows:
-            verdict = (
+        peaks = finite(low) and low > 1  # type: ignore[operator]
+        follows = finite(rho) and rho > 0.5  # type: ignore[operator]
+        verdict = first_holding(
+            (
+                peaks and follows,
                 f"Shortened {what} are counted as fewer: the implied count rises with their duration and the most "
-                "probable count takes more than one value of 1..n along the sweep"
-            )
-        elif follows:
-            verdict = f"Shortened {what} lower the implied count, but the most probable count seldom moves"
-        else:
-            verdict = f"No sign that shortened {what} are counted as fewer"
+                "probable count takes more than one value of 1..n along the sweep",
+            ),
+            (follows, f"Shortened {what} lower the implied count, but the most probable count seldom moves"),
+            otherwise=f"No sign that shortened {what} are counted as fewer",
+        )
         return f"{verdict}: {numbers}."
 
     return finding
@@ -67,7 +56,7 @@ def counting_finding(what: str) -> Callable[[Mapping[str, Any], Mapping[str, Int
 
 def boolean_finding(summary: Mapping[str, Any], intervals: Mapping[str, Interval]) -> str:
     tv, jump = summary.get("mean_total_variation_p1"), summary.get("mean_max_jump_p1")
-    if not (_finite(tv) and _finite(jump)) or tv < 0.05:  # type: ignore[operator]
+    if not (finite(tv) and finite(jump)) or tv < 0.05:  # type: ignore[operator]
         verdict = "P(1) barely moves as one operator's embedding moves into another's"
     elif jump <= 0.5 * tv:  # type: ignore[operator]
         verdict = "P(1) moves gradually as one operator's embedding moves into another's"
@@ -80,59 +69,10 @@ def boolean_finding(summary: Mapping[str, Any], intervals: Mapping[str, Interval
     )
 
 
-def interpolation_finding(summary: Mapping[str, Any], intervals: Mapping[str, Interval]) -> str:
-    share = summary.get("variation_share")
-    if not _finite(share):
-        verdict = "Along the word's interpolation"
-    elif share <= 0.1:  # type: ignore[operator]
-        verdict = "Along the word's interpolation P(yes) and P(no) stay between their values at the two words"
-    else:
-        verdict = (
-            "Along the word's interpolation P(yes) and P(no) often leave the range of their values at the two words"
-        )
-    crossing = summary.get("crossover_share")
-    crossed = (
-        f"; {number(crossing, '.0%')} of the questions whose answer differs between the words cross over"
-        if _finite(crossing)
-        else ""
-    )
-    return (
-        f"{verdict}: {number(share, '.0%')} of items leave it by 0.05 or more, and the paper's Lipschitz estimate "
-        f"is {number(summary.get('mean_lipschitz'))} (1 for a straight line){crossed}."
-    )
-
-
-def linearity_finding(summary: Mapping[str, Any], intervals: Mapping[str, Interval]) -> str:
-    r2, base = summary.get("all_mean_r2"), summary.get("all_mean_r2_baseline")
-    if not _finite(r2):
-        verdict = "The read-outs are flat along the paths"
-    elif r2 >= 0.9:  # type: ignore[operator]
-        verdict = "The read-out along a path between two inputs' embeddings stays close to the chord between its ends"
-    elif r2 >= 0.5:  # type: ignore[operator]
-        verdict = "The read-out along a path between two inputs' embeddings follows the chord between its ends in part"
-    else:
-        verdict = "The read-out along a path between two inputs' embeddings departs from the chord between its ends"
-    return (
-        f"{verdict}: R² of the chord {number(r2)} (along a random direction of the same length {number(base)}), "
-        f"largest distance {number(summary.get('all_mean_max_deviation'))} in probability (means over paths)."
-    )
-
-
-def sums_finding(summary: Mapping[str, Any], intervals: Mapping[str, Interval]) -> str:
-    rho, valid, success = summary.get("mean_spearman"), summary.get("valid_rate"), summary.get("successful_rate")
-    if _finite(rho) and rho > 0.5:  # type: ignore[operator]
-        verdict = "A shortened number weighs less in the sum"
-    else:
-        verdict = "No sign that a shortened number weighs less in the sum"
-    paper = (
-        f"of those, {number(success, '.0%')} move toward the shrunk outputs at some factor (the paper's success rate)"
-        if _finite(success)
-        else "so the paper's success rate has no problem to count"
-    )
-    return (
-        f"{verdict}: the implied sum follows the factor with Spearman {number(rho)}; "
-        f"{number(valid, '.0%')} of problems are valid (the right first digit at factor 1), {paper}."
-    )
+#: The sentences of word interpolation, linearity and sums: each a ladder and a template in the catalogue.
+interpolation_finding = CardSentence("interpolation_range")
+linearity_finding = CardSentence("linearity")
+sums_finding = CardSentence("sums")
 
 
 def circuit_finding(summary: Mapping[str, Any], intervals: Mapping[str, Interval]) -> str:
@@ -141,7 +81,7 @@ def circuit_finding(summary: Mapping[str, Any], intervals: Mapping[str, Interval
     half, top = summary.get("heads_for_half"), summary.get("top_share")
     with_half, items = summary.get("items_with_half"), summary.get("items")
     verdict = "No few heads carry the change in the count: the heads patched together never bring back half of it"
-    if _finite(half):
+    if finite(half):
         how = "A few heads carry" if half <= 3 else "Heads spread out carry"  # type: ignore[operator]
         reached = "" if with_half == items else f" (on {with_half} of {items} items)"
         verdict = (

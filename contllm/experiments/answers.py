@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from contllm.experiments.sweeps import ExperimentResult, Sweep
+from contllm.wording import mean_finding
 
 #: Question groups: which of the two words the answer is "yes" for (first word, second word).
 GROUPS = ("both", "neither", "first", "second")
@@ -118,19 +119,7 @@ def interpolation_finding(sweeps: Sequence[Sweep]) -> tuple[str, str]:
             share = yes_share(s)
             change = share[int(np.argmin(np.abs(s.x - 1)))] - share[int(np.argmin(np.abs(s.x)))]
             moves.append(change if group == "second" else -change)
-    move = float(np.nanmean(moves)) if moves else float("nan")
-    detail = (
-        f"where one word only makes the answer yes, P(yes) / (P(yes) + P(no)) moves {move:+.2f} toward the second "
-        f"word's answer (mean over {len(moves)} questions)"
-    )
-    from contllm.plotting import worded
-
-    ladder = [
-        (0.3, "The answer moves with the word: questions true for one word only cross over"),
-        (0.1, "The answer moves a little as one word turns into the other"),
-    ]
-    below = "The answer barely moves as one word turns into the other"
-    return worded(move, ladder, below, "The answer along the path from one word to the other"), detail
+    return mean_finding("interpolation_moves")(moves)
 
 
 #: Each question group's colour and what its answers are, in plain words.

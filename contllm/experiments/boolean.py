@@ -189,9 +189,7 @@ class BooleanExperiment(AlphaSweepExperiment):
     make_plan = staticmethod(plan_item)
     summarize = staticmethod(boolean_summary)
 
-    def describe(self, sweep: Sweep) -> str:
-        m = sweep.meta
-        return f"{m.get('first')} -> {m.get('second')} on ({m.get('a')}, {m.get('b')}), {m.get('method')}"
+    label = "{first} -> {second} on ({a}, {b}), {method}"
 
     def summary_figure(self, result: ExperimentResult) -> Any:
         from contllm.experiments import figures

@@ -14,7 +14,7 @@ from contllm.data import COUNTING_SCHEMA, CountingItem, load_counting, read_coun
 from contllm.data.user import DataFileOption
 from contllm.experiments.prompts import Rendered, apply_chat, render
 from contllm.experiments.protocol import PaperSearch
-from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, Sweep, SweepPlan, scaled_plan
+from contllm.experiments.sweeps import CountingSweepExperiment, DurationSweepConfig, SweepPlan, scaled_plan
 from contllm.lm import ContinuousLM
 
 #: Few-shot completions: fifteen short words, each repeated 2 to 6 times (every count three
@@ -134,8 +134,7 @@ class CountingExperiment(CountingSweepExperiment):
     make_items = staticmethod(CountingConfig.counting_items)
     make_plan = staticmethod(plan_item)
 
-    def describe(self, sweep: Sweep) -> str:
-        return f'"{sweep.meta.get("word")}" x {sweep.meta.get("n")}'
+    label = '"{word}" x {n}'
 
 
 EXPERIMENT = CountingExperiment()

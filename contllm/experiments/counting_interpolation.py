@@ -37,6 +37,7 @@ from contllm.experiments.sweeps import (
     summary_start,
     sweep_values,
 )
+from contllm.wording import mean_finding
 
 #: (word, other word, the category asked about with its article, whether the other word is of it too).
 #: The first three are the paper's; apple to pear keeps the count.
@@ -239,9 +240,7 @@ class CountingInterpolationExperiment(AlphaSweepExperiment):
     make_plan = staticmethod(plan_item)
     summarize = staticmethod(summarize)
 
-    def describe(self, sweep: Sweep) -> str:
-        m = sweep.meta
-        return f"{m.get('word')} -> {m.get('other')} ({m.get('moved')} of {m.get('n')} moved; count {m.get('count_first')} -> {m.get('count_second')})"
+    label = "{word} -> {other} ({moved} of {n} moved; count {count_first} -> {count_second})"
 
     def summary_figure(self, result: ExperimentResult) -> Any:
         return summary_figure(result)
@@ -257,19 +256,7 @@ def counting_interpolation_finding(sweeps: Sequence[Sweep]) -> tuple[str, str]:
         if isinstance(start, int) and isinstance(end, int) and start != end and len(s.x) > 1:
             implied = s.implied_value()
             shares.append((implied[int(np.argmax(s.x))] - implied[int(np.argmin(s.x))]) / (end - start))
-    share = float(np.nanmean(shares)) if shares else float("nan")
-    detail = (
-        f"the predicted count moves {share:.2f} of the way from the first true count to the second "
-        f"(mean over the {len(shares)} pairs whose count changes)"
-    )
-    from contllm.plotting import worded
-
-    ladder = [
-        (0.5, "As words turn into another word, the predicted count moves to the words left"),
-        (0.2, "As words turn into another word, the predicted count moves a little toward the words left"),
-    ]
-    below = "The predicted count hardly moves as words turn into another word"
-    return worded(share, ladder, below, "The predicted count as words turn into another word"), detail
+    return mean_finding("count_moves")(shares)
 
 
 def summary_figure(result: ExperimentResult) -> Any:

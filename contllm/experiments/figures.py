@@ -15,6 +15,7 @@ import numpy as np
 
 from contllm import metrics
 from contllm.plotting import finding, heading, label_bars, legend_outside, paper_title, plt, shortened
+from contllm.wording import first_holding
 
 Result = Any  # an ExperimentResult: experiment, model, x_label, sweeps
 Sweep = Any  # a Sweep: item_id, x, labels, probs, truth, meta
@@ -282,13 +283,16 @@ def boolean_finding(sweeps: Sequence[Sweep]) -> tuple[str, str]:
         f"truth table right at the ends: {accuracy:.0%}; where the answer flips, P(1) / (P(0) + P(1)) moves "
         f"{move:+.2f} toward the new answer (mean)"
     )
-    if not np.isfinite(move):
-        return "The answer along the path from one operator to the other", detail
-    if move >= 0.3 and accuracy >= 0.75:
-        return "The answer follows the operator: where the truth value flips, the model's answer flips with it", detail
-    if move >= 0.3:
-        return "The answer moves with the operator, though the model misses part of the truth table", detail
-    return "The model's answer barely moves as one operator turns into the other", detail
+    sentence = first_holding(
+        (not np.isfinite(move), "The answer along the path from one operator to the other"),
+        (
+            move >= 0.3 and accuracy >= 0.75,
+            "The answer follows the operator: where the truth value flips, the model's answer flips with it",
+        ),
+        (move >= 0.3, "The answer moves with the operator, though the model misses part of the truth table"),
+        otherwise="The model's answer barely moves as one operator turns into the other",
+    )
+    return sentence, detail
 
 
 def _share_at(sweep: Sweep, value: float) -> float:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -57,8 +57,9 @@ FLOOR = 1e-30
 MEASURES = ("max_deviation", "mean_deviation", "max_logit_deviation", "mean_logit_deviation", "r2")
 
 
-@dataclass(frozen=True)
-class PromptPair:
+class PromptPair(NamedTuple):
+    """A row of :data:`PROMPT_PAIRS`: two prompts whose embeddings a path joins (``first`` at alpha 0)."""
+
     id: str
     first: str
     second: str

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from contllm.plotting import finding, heading, label_bars, legend_outside, paper_title, plt
+from contllm.wording import first_holding
 
 
 def read_share(record: Any) -> np.ndarray:
@@ -63,15 +64,14 @@ def sums_finding(records: Sequence[Any]) -> tuple[str, str]:
         f"rank correlation of the sum with c: {rho:.2f} (mean); the sum moves by {slope:.2f} of the number per unit "
         "of c (median; 1 on the line a·c + b)"
     )
-    if not (np.isfinite(rho) and np.isfinite(slope)):
-        return "The sum as one number lasts shorter or longer", detail
-    if rho >= 0.5 and abs(slope - 1) <= 0.3:
-        return "A shortened number counts for less: the sum reads about c × a + b", detail
-    if rho >= 0.5 and slope >= 0.3:
-        return "A shortened number counts for less: the sum falls as the number shrinks", detail
-    if slope >= 0.1:
-        return "A shortened number counts a little less in the sum", detail
-    return "The sum hardly depends on how long the number lasts", detail
+    sentence = first_holding(
+        (not (np.isfinite(rho) and np.isfinite(slope)), "The sum as one number lasts shorter or longer"),
+        (rho >= 0.5 and abs(slope - 1) <= 0.3, "A shortened number counts for less: the sum reads about c × a + b"),
+        (rho >= 0.5 and slope >= 0.3, "A shortened number counts for less: the sum falls as the number shrinks"),
+        (slope >= 0.1, "A shortened number counts a little less in the sum"),
+        otherwise="The sum hardly depends on how long the number lasts",
+    )
+    return sentence, detail
 
 
 #: The paper's outcome classes in plain words (the keys of contllm.experiments.sums.success).

@@ -445,6 +445,13 @@ def run_plans(plans: Sequence[SweepPlan], evaluate: Evaluator) -> Iterator[Sweep
         yield Sweep(plan.item_id, plan.x, list(plan.token_sets.labels), gathered, plan.truth, dict(plan.meta))
 
 
+class _MetaValues(dict[str, Any]):
+    """A sweep's meta for a label template: a key it lacks reads None."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
 class SweepExperiment(Experiment[Sweep, ExperimentResult]):
     """An experiment whose items each become one sweep of the knob (counting, events, boolean).
 
@@ -452,7 +459,8 @@ class SweepExperiment(Experiment[Sweep, ExperimentResult]):
     functions (each as a ``staticmethod``): ``make_items(config)``, every item of a config;
     ``make_plan(lm, item, config)``, the sweep of one item before it runs; ``summarize(result)``,
     the headline numbers. :meth:`items`, :meth:`plan_item` and :meth:`summary` call them (a
-    subclass may override those methods instead).
+    subclass may override those methods instead). ``label`` titles an item's figure: a
+    template of its sweep's meta values (:meth:`describe`).
     """
 
     engine: ClassVar[bool] = True
@@ -464,6 +472,9 @@ class SweepExperiment(Experiment[Sweep, ExperimentResult]):
     make_items: ClassVar[staticmethod[[Any], Sequence[Any]] | None] = None
     make_plan: ClassVar[staticmethod[[Any, Any, Any], SweepPlan] | None] = None
     summarize: ClassVar[staticmethod[[ExperimentResult], dict[str, Any]] | None] = None
+    #: An item's title as a template of its sweep's meta values, e.g. "{first} -> {second}" (a value the meta lacks
+    #: reads None); None: the item's id.
+    label: ClassVar[str | None] = None
 
     def items(self, config: Any) -> Sequence[Any]:
         """Every item of ``config``, in order: the experiment's ``make_items``."""
@@ -510,8 +521,10 @@ class SweepExperiment(Experiment[Sweep, ExperimentResult]):
         return {f"{result.x_label}_min": low, f"{result.x_label}_max": high, "samples": samples}
 
     def describe(self, sweep: Sweep) -> str:
-        """One line saying what an item is, for its figure's title."""
-        return sweep.item_id
+        """One line saying what an item is, for its figure's title: :attr:`label` filled in from the sweep's meta."""
+        if self.label is None:
+            return sweep.item_id
+        return self.label.format_map(_MetaValues(sweep.meta))
 
     def item_figure(self, result: ExperimentResult, record: Sweep) -> Any:
         from contllm.experiments import figures

@@ -221,6 +221,20 @@ class TrackPlan:
     meta: dict[str, Any] = field(default_factory=dict)
     candidates: int | None = None
 
+    def track(self, item_id: str, probs: torch.Tensor, labels: Sequence[str], threshold: float) -> Track:
+        """The :class:`Track` of this plan's distributions probs [S, vocab] (:func:`track`)."""
+        return track(
+            item_id,
+            self.knob,
+            self.x,
+            probs,
+            labels,
+            threshold=threshold,
+            reference=self.reference,
+            meta=self.meta,
+            candidates=self.candidates,
+        )
+
 
 def check_threshold(threshold: float) -> None:
     if not MIN_THRESHOLD <= threshold < 1:
@@ -259,20 +273,7 @@ class TrackingExperiment(Experiment[Track, TrackResult]):
             probs = context.evaluate(plan.signals)
             if labels is None:
                 labels = vocabulary_labels(lm.tokenizer, int(probs.shape[-1]))
-            yield (
-                item.id,
-                track(
-                    item.id,
-                    plan.knob,
-                    plan.x,
-                    probs,
-                    labels,
-                    threshold=config.threshold,
-                    reference=plan.reference,
-                    meta=plan.meta,
-                    candidates=plan.candidates,
-                ),
-            )
+            yield item.id, plan.track(item.id, probs, labels, config.threshold)
 
     def tables(self, result: TrackResult) -> dict[str, Table]:
         """results.csv: every tracked token's probability at each value; values.csv: top token and distances per value."""
