@@ -1,8 +1,9 @@
-"""Duration attribution over the counting and events datasets: which tokens does the count depend on?
+"""Duration attribution over the counting, events and sums datasets: which tokens does the count depend on?
 
-Each item's prompt is built exactly as its dataset's experiment builds it (counting or
-events, with the same template, chat and --data options); the tokens that experiment
-scales (the counted words, the event sentences) are the item's *span*. Every attributed
+Each item's prompt is built exactly as its dataset's experiment builds it (counting, events
+or sums, with the same template, chat and --data options); the tokens that experiment
+scales (the counted words, the event sentences, the scaled number) are the item's *span*;
+for sums the digits read are the answer's first. Every attributed
 token is moved from absent (duration 0) to present along the duration path, and its
 integrated gradient is its attribution (:func:`contllm.attribution.attribute`); beside it,
 occlusion (the token deleted alone) and leave-one-out shrink (its duration halved alone)
@@ -35,7 +36,7 @@ READOUTS = ("count", "truth", "log-truth")
 class AttributionConfig(DatasetPrompts):
     """Options of the attribution experiment.
 
-    dataset: "counting" or "events"; its experiment builds each prompt and names the span.
+    dataset: "counting", "events" or "sums"; its experiment builds each prompt and names the span.
     data: a dataset file for that experiment (when it takes --data), or None.
     template, chat: the dataset experiment's prompt options (None: its default).
     tokens: "item" (the tokens from the start of the line that holds the span to the end:
@@ -208,7 +209,7 @@ class AttributionExperiment(Experiment[ItemAttribution, AttributionResult]):
     name = "attribution"
     help = "Which tokens the count depends on: integrated gradients along the duration path, occlusion and shrink."
     description = (
-        "Each counting or events item (--dataset) is built as its experiment builds it; every attributed token "
+        "Each counting, events or sums item (--dataset) is built as its experiment builds it; every attributed token "
         "(--tokens item: the item after the few-shot examples; all: every token but the first) moves from "
         "duration 0 to its own duration, and its integrated gradient of the read-out (--readout) is its "
         "attribution, with completeness checked; occlusion (token deleted alone) and shrink (halved alone) run "
@@ -217,7 +218,7 @@ class AttributionExperiment(Experiment[ItemAttribution, AttributionResult]):
     Config = AttributionConfig
     options = option_table(
         f"""
-        dataset   str                      Items and prompts of this experiment: counting or events. [default: counting]
+        dataset   str                      Items and prompts of this experiment: counting, events or sums. [default: counting]
         data      str                      Dataset file for the --dataset experiment (where it takes --data). [default: built-in]
         template  str                      Prompt template of the --dataset experiment. [default: its own]
         chat      bool   --chat/--no-chat  Wrap prompts in the model's chat template.

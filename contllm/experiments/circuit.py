@@ -1,9 +1,10 @@
 """Which attention heads carry the count when the counted words are shortened: a circuit, head by head.
 
-Each counting (or events) item runs twice, as its dataset's experiment builds it: with
-the span's tokens at duration c (the *short* run, ``--factor``) and at duration 1 (the
-*plain* run). The change to locate is that of the implied count E[k] over the digits
-0-9, plain minus short; every share below is a part of it (1: all of it).
+Each counting, events or sums item runs twice, as its dataset's experiment builds it: with
+the span's tokens (the counted words, the event sentences, the scaled number) at duration c
+(the *short* run, ``--factor``) and at duration 1 (the *plain* run). The change to locate is
+that of the implied count E[k] over the digits 0-9 (for sums, the expected first digit of
+the answer), plain minus short; every share below is a part of it (1: all of it).
 
 A duration reaches the model two ways: as the bias log d of its key's logits in every
 head (``attn.hook_duration_bias``) and through the times, which move every later position.
@@ -55,7 +56,7 @@ DIGITS = [str(k) for k in range(10)]
 class CircuitConfig(DatasetPrompts):
     """Options of the circuit experiment.
 
-    dataset: "counting" or "events"; its experiment builds each prompt and names the span.
+    dataset: "counting", "events" or "sums"; its experiment builds each prompt and names the span.
     data, template, chat: that experiment's prompt options (None: its defaults).
     factor: the duration factor c of the short run (the plain run has 1).
     top: how many heads, by largest estimate, are patched exactly (one forward each).
@@ -259,12 +260,12 @@ class CircuitExperiment(Experiment[CircuitRecord, CircuitResult]):
     name = "circuit"
     help = "Which attention heads carry the count when the words are shortened: every head estimated, the top ones patched."
     description = (
-        "Each counting or events item (--dataset) runs with its span at duration c (--factor) and at 1. One backward "
+        "Each counting, events or sums item (--dataset) runs with its span at duration c (--factor) and at 1. One backward "
         "of the short run estimates, for every attention head, the share of the change in E[k] that patching its "
         "output from the plain run brings back (and that restoring its duration bias alone does); the --top heads "
         "are patched exactly, alone and together (the explorer's slider adds one head at a time). Two more shares "
-        "split the change between the duration bias and the times. Item ids are the dataset's (count-001, "
-        "story-001, ...); --first N takes its first N items."
+        "split the change between the duration bias and the times. For sums, E[k] is the expected first digit of the "
+        "answer. Item ids are the dataset's (count-001, story-001, sum-001, ...); --first N takes its first N items."
     )
     explorer = True
     explorer_text = (
@@ -276,7 +277,7 @@ class CircuitExperiment(Experiment[CircuitRecord, CircuitResult]):
     Config = CircuitConfig
     options = option_table(
         """
-        dataset   str    Items and prompts of this experiment: counting or events. [default: counting]
+        dataset   str    Items and prompts of this experiment: counting, events or sums. [default: counting]
         data      str    Dataset file for the --dataset experiment (where it takes --data). [default: built-in]
         template  str    Prompt template of the --dataset experiment. [default: its own]
         chat      bool   --chat/--no-chat  Wrap prompts in the model's chat template.

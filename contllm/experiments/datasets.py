@@ -1,6 +1,7 @@
-"""Items and prompts borrowed from another experiment's dataset (counting or events), built as that experiment builds them.
+"""Items and prompts borrowed from another experiment's dataset (counting, events or sums), built as that experiment
+builds them.
 
-Experiments that study what a model does with the counting or events prompts (attribution,
+Experiments that study what a model does with the counting, events or sums prompts (attribution,
 circuit) take their items from the dataset experiment (``--dataset``) with its prompt options
 (``--data``, ``--template``, ``--chat``): :class:`DatasetPrompts` holds those options and
 gives the dataset experiment's config and its first N items.
@@ -16,12 +17,12 @@ from contllm import registry
 from contllm.errors import ExperimentError
 
 #: The datasets whose items and prompts these experiments take (each is also an experiment).
-DATASETS = ("counting", "events")
+DATASETS = ("counting", "events", "sums")
 
 
 @dataclass
 class DatasetPrompts:
-    """The options of a dataset's prompts: dataset ("counting" or "events"), its ``data`` file (None: built in),
+    """The options of a dataset's prompts: dataset ("counting", "events" or "sums"), its ``data`` file (None: built in),
     ``template`` (None: its own) and ``chat``. A config that subclasses it calls :meth:`check_dataset` from its
     ``__post_init__``."""
 
@@ -31,7 +32,7 @@ class DatasetPrompts:
     chat: bool = False
 
     def check_dataset(self) -> None:
-        """ExperimentError for a dataset that is neither counting nor events."""
+        """ExperimentError for a dataset not in :data:`DATASETS`."""
         if self.dataset not in DATASETS:
             raise ExperimentError(f"--dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
 

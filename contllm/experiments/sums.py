@@ -37,7 +37,7 @@ from contllm.experiments.base import Experiment, Metric, RunContext, Table
 from contllm.experiments.prompts import Rendered, apply_chat, render
 from contllm.experiments.protocol import PAPER_RUNS, PaperSearch, with_paper_coverage
 from contllm.experiments.records import Record, Records
-from contllm.experiments.sweeps import DurationSweepConfig, provenance, selected
+from contllm.experiments.sweeps import DurationSweepConfig, SweepPlan, provenance, selected
 
 #: Worked examples: the problem, then its sum written out. Small models write the right sum
 #: far more often with this format than when the answer follows the question directly
@@ -362,19 +362,11 @@ def _appended(signal: Signal, token: int) -> Signal:
     )
 
 
-def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRecord:
-    """Evaluate one problem: the first digit at every factor, then one greedy step per digit (one call per step).
-
-    The digits are read with the protocol's sets (:meth:`SumsConfig.digit_sets`); the greedy
-    answer appends the most probable token that is exactly the chosen digit.
-    """
-    from contllm.core.readout import decoded_vocabulary, digits
-
-    sets = config.digit_sets(lm.tokenizer)
-    exact = digits(lm.tokenizer)
-    vocabulary = decoded_vocabulary(lm.tokenizer)
-    # A digit continues the number only when it is written without a leading space.
-    digit_of = {i: label for label, ids in zip(exact.labels, exact.token_ids) for i in ids if vocabulary[i] == label}
+def plan_item(lm: Any, item: SumItem, config: SumsConfig) -> SweepPlan:
+    """One problem's first digit as a sweep, before it runs: one signal per factor c with the scaled number's tokens
+    (``edited``) at duration c, read among the digits with the protocol's sets (:meth:`SumsConfig.digit_sets`);
+    truth: the true sum's first digit. :func:`run_item` evaluates these signals first and then one greedy step per
+    digit; the experiments that borrow a dataset's prompts (circuit, attribution) take its plain prompt."""
     rendered = render_item(lm, item, config)
     base = Signal.from_text(lm.tokenizer, rendered.text, add_special_tokens=not config.chat)
     search = item.search()
@@ -384,7 +376,33 @@ def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRe
     else:
         edited, runs = selected(lm.tokenizer, base, rendered.spans["scaled"], search, config.selection)
     x = config.factors()
+    meta = {
+        "problem": item.rendered().text,
+        "scaled_field": item.scaled,
+        "tokens": len(base),
+        PAPER_RUNS: runs,
+        **provenance(lm.tokenizer, base, edited),
+    }
     signals = [base.scale_tokens(edited, float(c)) for c in x]
+    sets = config.digit_sets(lm.tokenizer)
+    return SweepPlan(item.id, x, signals, sets, str(item.truth)[0], meta, list(edited))
+
+
+def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRecord:
+    """Evaluate one problem: the first digit at every factor (:func:`plan_item`), then one greedy step per digit
+    (one call per step).
+
+    The digits are read with the protocol's sets (:meth:`SumsConfig.digit_sets`); the greedy
+    answer appends the most probable token that is exactly the chosen digit.
+    """
+    from contllm.core.readout import decoded_vocabulary, digits
+
+    plan = plan_item(lm, item, config)
+    x, signals, sets = plan.x, list(plan.signals), plan.token_sets
+    exact = digits(lm.tokenizer)
+    vocabulary = decoded_vocabulary(lm.tokenizer)
+    # A digit continues the number only when it is written without a leading space.
+    digit_of = {i: label for label, ids in zip(exact.labels, exact.token_ids) for i in ids if vocabulary[i] == label}
     answers = [""] * len(x)
     live = list(range(len(x)))
     steps: list[list[list[float] | None]] = []
@@ -414,14 +432,7 @@ def run_item(lm: Any, item: SumItem, config: SumsConfig, evaluate: Any) -> SumRe
         if not live:
             break
     a, b = item.numbers
-    meta = {
-        "problem": item.rendered().text,
-        "scaled_field": item.scaled,
-        "tokens": len(base),
-        PAPER_RUNS: runs,
-        **provenance(lm.tokenizer, base, edited),
-    }
-    return SumRecord(item.id, x, list(sets.labels), steps, answers, item.truth, a, b, meta)
+    return SumRecord(item.id, x, list(sets.labels), steps, answers, item.truth, a, b, plan.meta)
 
 
 def sums_summary(result: SumsResult) -> dict[str, Any]:
@@ -485,6 +496,10 @@ class SumsExperiment(Experiment[SumRecord, SumsResult]):
 
     def items(self, config: SumsConfig) -> Sequence[SumItem]:
         return load_sums() if config.data is None else read_sums(config.data)
+
+    def plan_item(self, lm: Any, item: SumItem, config: SumsConfig) -> SweepPlan:
+        """The problem's first digit as a sweep (:func:`plan_item`)."""
+        return plan_item(lm, item, config)
 
     def run_item(self, lm: Any, config: SumsConfig, item: SumItem, context: RunContext) -> SumRecord:
         return run_item(lm, item, config, context.evaluate)

@@ -15,7 +15,7 @@ from contllm.cli.commands import app
 pytestmark = pytest.mark.unit
 
 CASES = [
-    ("attribution", ["--dataset", "boolean"], "--dataset must be one of counting, events"),
+    ("attribution", ["--dataset", "boolean"], "--dataset must be one of counting, events, sums"),
     ("attribution", ["--steps", "4"], "--steps must be an integer from 8"),
     ("attribution", ["--floor", "1"], "--floor must be 0"),
     ("attribution", ["--tokens", "some"], "--tokens must be one of item, all"),

@@ -141,7 +141,7 @@ def test_tables_and_summary() -> None:
 @pytest.mark.parametrize(
     "given, match",
     [
-        ({"dataset": "sums"}, "--dataset must be one of counting, events"),
+        ({"dataset": "boolean"}, "--dataset must be one of counting, events, sums"),
         ({"factor": 1.0}, "--factor must be a positive duration factor other than 1"),
         ({"factor": 0}, "--factor must be a positive"),
         ({"top": 0}, "--top must be an integer from 1 to 64"),
