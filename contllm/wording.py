@@ -8,8 +8,9 @@ detail sentence that states it. :func:`number` and :func:`clause` write the numb
 themselves ("n/a" for a missing one, a clause left out when its number is missing).
 
 The ladders live in one catalogue, ``contllm/data/findings.json`` (:func:`ladder`,
-:func:`mean_finding`), so that the wording of every finding is read and edited in one
-place; each entry says which number it reads. An audit card's finding that is one ladder
+:func:`mean_finding`), so that the wording of the findings that read one number is read
+and edited in one place; each entry says which number it reads (a finding that weighs
+several numbers keeps its rules beside its figure). An audit card's finding that is one ladder
 and one sentence over the summary's values is declared there whole (:class:`CardSentence`).
 """
 
