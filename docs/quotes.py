@@ -8,6 +8,9 @@ which reads as plain text wherever Markdown is shown. The key names the source:
 
 - ``main_job.*``: the default run as ``benchmarks/main_job.py --record`` measured it last
   (``docs/measured/main_job.json``: date, machine, command, times, summary);
+- ``atlas.*``: the continuity atlas as ``scripts/atlas.py`` measured it last
+  (``docs/measured/atlas.json``: every audit's headline numbers, wall times and load, the
+  atlas's sentence per experiment, date, machine and command);
 - ``default.<experiment>.*``: what the experiment registry declares (``items`` built in,
   ``samples``, ``values`` of the knob per item, ``range``; ``paper_samples``), and
   ``default.model``, the model a run loads when none is named.
@@ -31,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "docs" / "measured"
 MAIN_JOB = MEASURED / "main_job.json"
+ATLAS = MEASURED / "atlas.json"
 QUOTE = re.compile(r"<!--q:([A-Za-z0-9_.\-]+)-->(.*?)<!--/q-->", re.S)
 
 
@@ -79,6 +83,13 @@ def main_job_values(path: Path = MAIN_JOB) -> dict[str, str]:
     return {f"main_job.{k}": v for k, v in out.items()}
 
 
+def atlas_values(path: Path = ATLAS) -> dict[str, str]:
+    """The quotable values of the recorded atlas (empty when it has not been recorded)."""
+    if not path.is_file():
+        return {}
+    return {str(k): str(v) for k, v in json.loads(path.read_text())["quotes"].items()}
+
+
 def default_values() -> dict[str, str]:
     """``default.<experiment>.<what>`` for every registered experiment, read from its config class."""
     from contllm import registry
@@ -112,7 +123,7 @@ def default_values() -> dict[str, str]:
 @cache
 def values() -> dict[str, str]:
     """Every quotable key and its text."""
-    return {**main_job_values(), **default_values()}
+    return {**main_job_values(), **atlas_values(), **default_values()}
 
 
 def quotes(text: str) -> Iterator[tuple[str, str]]:

@@ -336,7 +336,8 @@ def _offsets(points: Sequence[Point]) -> list[float]:
 
 def _label_points(ax: Any, points: Sequence[Point], xs: Sequence[float]) -> None:
     """Write "label · n=items" right of each group of points of one size, top to bottom in the order of their values,
-    each at its value or, where that would run into the label above, just under it."""
+    each at its value or, where that would run into the label above, just under it (a label's " (protocol)" left
+    out: the marker's colour and fill say it)."""
     from contllm.plotting import shortened
 
     bottom, top = ax.get_ylim()
@@ -352,8 +353,9 @@ def _label_points(ax: Any, points: Sequence[Point], xs: Sequence[float]) -> None
             y = min(float(points[k].value), above - gap)  # type: ignore[arg-type]
             above = y
             lowest = min(lowest, y - gap / 2)
+            name = points[k].label.removesuffix(f" ({points[k].protocol})")  # the marker's colour says the protocol
             ax.annotate(
-                f"{shortened(points[k].label, 28)} · n={points[k].items}",
+                f"{shortened(name, 28)} · n={points[k].items}",
                 (right, y),
                 xytext=(8, 0),
                 textcoords="offset points",

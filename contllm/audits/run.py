@@ -496,8 +496,13 @@ def compare(cards: Sequence[str | Path], out: str | Path, *, force: bool = False
         seen[key] = str(given)
     loaded = [load_card(c) for c in cards]
     models = Counter(card.model for card in loaded)
+    pairs = Counter((card.model, card.protocol) for card in loaded)
     labels = [
-        card.model if models[card.model] == 1 else f"{card.model} ({file.parent.name})"
+        card.model
+        if models[card.model] == 1
+        else f"{card.model} ({card.protocol})"
+        if pairs[(card.model, card.protocol)] == 1
+        else f"{card.model} ({file.parent.name})"
         for card, file in zip(loaded, files)
     ]
     out = Path(out)

@@ -210,6 +210,25 @@ def test_every_quoted_number_is_what_its_source_holds_now() -> None:
     assert not misplaced, "a quote may not start a line nor sit in a code span:\n" + "\n".join(misplaced)
 
 
+def unquoted_numbers(text: str) -> list[str]:
+    """The numbers a page states outside quotes, code (blocks and spans) and names (a digit inside a word: SmolLM2,
+    0.5B, 270M, 7-14B; a probability's name: P(1)), and outside the method's own constants (its 95% intervals)."""
+    text = re.sub(r"^(    |\t).*$", "", text, flags=re.M)  # indented code blocks
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`]*`", "", quotes.QUOTE.sub("", text))
+    text = re.sub(r"\(images/[^)]*\)|P\(\w+\)", "", text)  # figure paths; P(1), P(yes): names of probabilities
+    words = re.sub(r"[\w.\-]*[A-Za-z][\w.\-]*", "", text).replace("95%", "")
+    return re.findall(r"\d[\d.,]*", words)
+
+
+def test_the_atlas_states_numbers_only_through_quotes() -> None:
+    """docs/atlas.md: every number comes from docs/measured/atlas.json (the test above checks each is current)."""
+    page = (DOCS / "atlas.md").read_text()
+    assert unquoted_numbers(page) == [], "quote them from docs/measured/atlas.json (scripts/atlas.py writes it)"
+    assert sum(key.startswith("atlas.") for key, _ in quotes.quotes(page)) >= 16  # four models x two protocols x 2
+    assert unquoted_numbers("R² rose from 0.31 to <!--q:a.b-->0.5<!--/q--> on SmolLM2-135M") == ["0.31"]
+
+
 def test_the_readme_quotes_the_main_job() -> None:
     readme = dict(quotes.quotes((ROOT / "README.md").read_text()))
     assert {"main_job.end_to_end", "main_job.evaluation", "main_job.machine", "main_job.date"} <= set(readme)
@@ -339,7 +358,9 @@ def test_every_docstring_renders_as_markdown() -> None:
         lines = out.splitlines()
         assert not [line for line in lines if rule.match(line)], f"{path}: a reST table is left"
         assert not role.search(out), f"{path}: a reST role is left"
-        assert not [line for line in lines if line.rstrip().endswith("::") and "```" not in out], f"{path}: '::' is left"
+        assert not [line for line in lines if line.rstrip().endswith("::") and "```" not in out], (
+            f"{path}: '::' is left"
+        )
     table = convert.markdown_docstring(
         "Names:\n\n====  ==========\nname  what\n====  ==========\n``a``   the first\n      and more\n``b``   second\n"
         "====  ==========\n\nSee :meth:`the forward <contllm.lm.ContinuousLM.forward_batch>` and :func:`~contllm.load`."
