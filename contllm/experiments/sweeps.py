@@ -9,7 +9,7 @@ into a :class:`Sweep`; an :class:`ExperimentResult` holds the sweeps of a run as
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -445,13 +445,6 @@ def run_plans(plans: Sequence[SweepPlan], evaluate: Evaluator) -> Iterator[Sweep
         yield Sweep(plan.item_id, plan.x, list(plan.token_sets.labels), gathered, plan.truth, dict(plan.meta))
 
 
-class _MetaValues(dict[str, Any]):
-    """A sweep's meta for a label template: a key it lacks reads None."""
-
-    def __missing__(self, key: str) -> None:
-        return None
-
-
 class SweepExperiment(Experiment[Sweep, ExperimentResult]):
     """An experiment whose items each become one sweep of the knob (counting, events, boolean).
 
@@ -524,7 +517,7 @@ class SweepExperiment(Experiment[Sweep, ExperimentResult]):
         """One line saying what an item is, for its figure's title: :attr:`label` filled in from the sweep's meta."""
         if self.label is None:
             return sweep.item_id
-        return self.label.format_map(_MetaValues(sweep.meta))
+        return self.label.format_map(defaultdict(lambda: None, sweep.meta))  # a key the meta lacks reads None
 
     def item_figure(self, result: ExperimentResult, record: Sweep) -> Any:
         from contllm.experiments import figures
