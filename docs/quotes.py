@@ -11,6 +11,9 @@ which reads as plain text wherever Markdown is shown. The key names the source:
 - ``atlas.*``: the continuity atlas as ``scripts/atlas.py`` measured it last
   (``docs/measured/atlas.json``: every audit's headline numbers, wall times and load, the
   atlas's sentence per experiment, date, machine and command);
+- ``models.*``: docs/models.md's measured tables as ``scripts/models_page.py`` read them last
+  (``docs/measured/models.json``: the whole built-in sets' runs and every audit's summary
+  values, the runs' wall times and load, date and machine);
 - ``default.<experiment>.*``: what the experiment registry declares (``items`` built in,
   ``samples``, ``values`` of the knob per item, ``range``; ``paper_samples``), and
   ``default.model``, the model a run loads when none is named.
@@ -35,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "docs" / "measured"
 MAIN_JOB = MEASURED / "main_job.json"
 ATLAS = MEASURED / "atlas.json"
+MODELS = MEASURED / "models.json"
 QUOTE = re.compile(r"<!--q:([A-Za-z0-9_.\-]+)-->(.*?)<!--/q-->", re.S)
 
 
@@ -83,11 +87,21 @@ def main_job_values(path: Path = MAIN_JOB) -> dict[str, str]:
     return {f"main_job.{k}": v for k, v in out.items()}
 
 
-def atlas_values(path: Path = ATLAS) -> dict[str, str]:
-    """The quotable values of the recorded atlas (empty when it has not been recorded)."""
+def recorded_quotes(path: Path) -> dict[str, str]:
+    """The ``quotes`` of a measured record (empty when it has not been recorded)."""
     if not path.is_file():
         return {}
     return {str(k): str(v) for k, v in json.loads(path.read_text())["quotes"].items()}
+
+
+def atlas_values(path: Path = ATLAS) -> dict[str, str]:
+    """The quotable values of the recorded atlas (empty when it has not been recorded)."""
+    return recorded_quotes(path)
+
+
+def models_values(path: Path = MODELS) -> dict[str, str]:
+    """The quotable values of docs/models.md's measured tables (empty when they have not been recorded)."""
+    return recorded_quotes(path)
 
 
 def default_values() -> dict[str, str]:
@@ -123,7 +137,7 @@ def default_values() -> dict[str, str]:
 @cache
 def values() -> dict[str, str]:
     """Every quotable key and its text."""
-    return {**main_job_values(), **atlas_values(), **default_values()}
+    return {**main_job_values(), **atlas_values(), **models_values(), **default_values()}
 
 
 def quotes(text: str) -> Iterator[tuple[str, str]]:

@@ -229,6 +229,19 @@ def test_the_atlas_states_numbers_only_through_quotes() -> None:
     assert unquoted_numbers("R² rose from 0.31 to <!--q:a.b-->0.5<!--/q--> on SmolLM2-135M") == ["0.31"]
 
 
+def test_the_models_page_states_its_measurements_only_through_quotes() -> None:
+    """docs/models.md's measured section: every number comes from docs/measured/models.json (scripts/models_page.py),
+    the names of the conditions a column reads at (c = 1, alpha 0) aside."""
+    page = (DOCS / "models.md").read_text()
+    section = page[page.index("## What the paper's experiments show") : page.index("### The default model")]
+    named = re.sub(r"c = 1\b|alpha [01]\b", "", section)
+    assert unquoted_numbers(named) == [], "quote them from docs/measured/models.json (scripts/models_page.py writes it)"
+    keys = [key for key, _ in quotes.quotes(section)]
+    assert sum(key.startswith("models.whole.") for key in keys) >= 2 * 6 * 3  # two models x six experiments
+    assert sum(key.startswith("models.audit.") for key in keys) >= 8 * 5 * 4  # four models x two protocols
+    assert "old definitions" not in page and "predate" not in section
+
+
 def test_the_readme_quotes_the_main_job() -> None:
     readme = dict(quotes.quotes((ROOT / "README.md").read_text()))
     assert {"main_job.end_to_end", "main_job.evaluation", "main_job.machine", "main_job.date"} <= set(readme)
