@@ -61,6 +61,23 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+def timed(command: list[str], stem: Path, **extra: object) -> dict:
+    """Run ``command`` (output appended to STEM.log); its wall time and the load averages before and after, with
+    ``extra``, written to STEM.time.json and returned."""
+    print(" ".join(command[1:]), flush=True)
+    before, started = load_average(), time.perf_counter()
+    with open(stem.with_name(stem.name + ".log"), "a", encoding="utf-8") as log:
+        subprocess.run(command, check=True, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    record = {
+        "seconds": round(time.perf_counter() - started, 1),
+        "load_before": round(before, 2),
+        "load_after": round(load_average(), 2),
+        **extra,
+    }
+    stem.with_name(stem.name + ".time.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return record
+
+
 def audit(model: str, protocol: str, out: Path, budget: str) -> dict:
     """Run (or resume) one audit unless its card exists; its wall time and load, kept beside it."""
     folder = out / f"{model}-{protocol}"
@@ -69,18 +86,7 @@ def audit(model: str, protocol: str, out: Path, budget: str) -> dict:
         return json.loads(timing.read_text(encoding="utf-8"))
     command = [sys.executable, "-m", "contllm", "audit", model, "--protocol", protocol, "--budget", budget]
     command += ["--out", str(folder)] + (["--resume"] if folder.exists() else [])
-    print(" ".join(command[1:]), flush=True)
-    before, started = load_average(), time.perf_counter()
-    with open(out / f"{model}-{protocol}.log", "a", encoding="utf-8") as log:
-        subprocess.run(command, check=True, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    record = {
-        "seconds": round(time.perf_counter() - started, 1),
-        "load_before": round(before, 2),
-        "load_after": round(load_average(), 2),
-        "budget": budget,
-    }
-    timing.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return record
+    return timed(command, out / f"{model}-{protocol}", budget=budget)
 
 
 def duration(seconds: float) -> str:

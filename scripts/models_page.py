@@ -28,11 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
-import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -103,10 +100,6 @@ COLUMNS: dict[str, dict[str, str]] = {
 EXPERIMENTS = tuple(COLUMNS)
 
 
-def load_average() -> float:
-    return os.getloadavg()[0]
-
-
 def duration(seconds: float) -> str:
     from docs.quotes import duration as written
 
@@ -122,22 +115,15 @@ def number(value: object) -> str:
 
 def whole_run(model: str, experiment: str, out: Path) -> dict:
     """Run (or resume) one experiment over its whole built-in set unless its summary exists; its wall time and load."""
+    from scripts.atlas import timed
+
     folder = out / f"{model}-{experiment}"
     timing = out / f"{model}-{experiment}.time.json"
     if (folder / "summary.json").is_file() and timing.is_file():
         return json.loads(timing.read_text(encoding="utf-8"))
     command = [sys.executable, "-m", "contllm", "run", experiment, "--model", model, "--no-item-figures"]
     command += ["--out", str(folder)] + (["--resume"] if folder.exists() else [])
-    print(" ".join(command[1:]), flush=True)
-    before, started = load_average(), time.perf_counter()
-    with open(out / f"{model}-{experiment}.log", "a", encoding="utf-8") as log:
-        subprocess.run(command, check=True, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    record = {
-        "seconds": round(time.perf_counter() - started, 1),
-        "load_before": round(before, 2),
-        "load_after": round(load_average(), 2),
-    }
-    timing.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    record = timed(command, out / f"{model}-{experiment}")
     print(f"  {duration(record['seconds'])}", flush=True)
     return record
 
