@@ -43,26 +43,20 @@ AUDITED = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1
 PROTOCOLS = ("contllm", "paper")
 MEASURED = ROOT / "docs" / "measured" / "models.json"
 PAGE = ROOT / "docs" / "models.md"
+#: The duration sweeps' values (counting and events read out the same numbers).
+SWEEP = {
+    "accuracy_at_1": "accuracy at c = 1",
+    "mean_spearman_implied_vs_factor": "Spearman of E[k] vs c",
+    "pure_peak_rate": "pure peak rate",
+    "chance_peak_rate": "chance peak rate",
+    "unpure_peak_rate": "unpure peak rate",
+    "auc_observed_time_sensitivity": "observed time-sensitivity AUC",
+    "auc_counterfactual_time_sensitivity": "counterfactual AUC",
+}
 #: Per experiment: the summary.json keys the tables show, and each one's column heading.
 COLUMNS: dict[str, dict[str, str]] = {
-    "counting": {
-        "accuracy_at_1": "accuracy at c = 1",
-        "mean_spearman_implied_vs_factor": "Spearman of E[k] vs c",
-        "pure_peak_rate": "pure peak rate",
-        "chance_peak_rate": "chance peak rate",
-        "unpure_peak_rate": "unpure peak rate",
-        "auc_observed_time_sensitivity": "observed time-sensitivity AUC",
-        "auc_counterfactual_time_sensitivity": "counterfactual AUC",
-    },
-    "events": {
-        "accuracy_at_1": "accuracy at c = 1",
-        "mean_spearman_implied_vs_factor": "Spearman of E[k] vs c",
-        "pure_peak_rate": "pure peak rate",
-        "chance_peak_rate": "chance peak rate",
-        "unpure_peak_rate": "unpure peak rate",
-        "auc_observed_time_sensitivity": "observed time-sensitivity AUC",
-        "auc_counterfactual_time_sensitivity": "counterfactual AUC",
-    },
+    "counting": SWEEP,
+    "events": SWEEP,
     "boolean": {
         "accuracy_at_alpha_0": "accuracy at alpha 0",
         "accuracy_at_alpha_1": "accuracy at alpha 1",
