@@ -22,7 +22,8 @@ which transformers passes from ``model(...)`` to every attention call; it runs i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +90,21 @@ class SharedPrefix:
         return length == self.length and bool(same_tokens([self.source, signal], length, lm).all().item())
 
 
+#: Attention modules whose calls on a shared prefix another function serves while it is set here: {module: a
+#: function of :func:`shared_prefix_attention`'s arguments}. :mod:`contllm.internals.hooked_attention` sets it for
+#: the modules of a hooks context, whose points inside attention must see these calls; it computes with
+#: :func:`attend_shared` where a module has none.
+ROUTED: weakref.WeakKeyDictionary[nn.Module, Callable[..., tuple[torch.Tensor, Any]]] = weakref.WeakKeyDictionary()
+
+
 def shared_prefix_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any
+) -> tuple[torch.Tensor, Any]:
+    """The registered function: :func:`attend_shared`, or the function :data:`ROUTED` gives ``module``."""
+    return ROUTED.get(module, attend_shared)(module, query, key, value, attention_mask, **kwargs)
+
+
+def attend_shared(
     module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -102,7 +117,7 @@ def shared_prefix_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Attention of a batch over a shared prefix and its own keys (the registered function).
+    """Attention of a batch over a shared prefix and its own keys.
 
     query: [batch, heads, width, head_dim]; key, value: [batch, kv_heads, width, head_dim]
     (this batch's own tokens); attention_mask: float [batch, 1, width, prefix + width]
@@ -133,19 +148,34 @@ def shared_prefix_attention(
     shared = torch.bmm(rows, prefix_keys[0].to(work).transpose(1, 2)).view(kv_heads, batch, group, width, length)
     own = torch.matmul(q.reshape(kv_heads, batch, group * width, dim), key.to(work).transpose(0, 1).transpose(2, 3))
     own = own.view(kv_heads, batch, group, width, width)
-    for scores, part in ((shared, mask[..., :length]), (own, mask[..., length:])):
-        scores.mul_(scale)
-        if softcap is not None:
-            scores.div_(softcap).tanh_().mul_(softcap)
-        scores.add_(part)
-    top = torch.maximum(shared.amax(-1, keepdim=True), own.amax(-1, keepdim=True))
-    shared.sub_(top).exp_()
-    own.sub_(top).exp_()
-    total = shared.sum(-1, keepdim=True) + own.sum(-1, keepdim=True)
-    out = torch.bmm(shared.view(kv_heads, batch * group * width, length), prefix_values[0].to(work))
+    total = None
+    if torch.is_grad_enabled():
+        # A forward that records its graph (gradients by the rows' own inputs): the same steps out of place, and
+        # the softmax over both parts at once.
+        parts = []
+        for scores, part in ((shared, mask[..., :length]), (own, mask[..., length:])):
+            scores = scores * scale
+            if softcap is not None:
+                scores = torch.tanh(scores / softcap) * softcap
+            parts.append(scores + part)
+        weights = torch.softmax(torch.cat(parts, dim=-1), dim=-1)
+        shared, own = weights[..., :length], weights[..., length:]
+    else:
+        for scores, part in ((shared, mask[..., :length]), (own, mask[..., length:])):
+            scores.mul_(scale)
+            if softcap is not None:
+                scores.div_(softcap).tanh_().mul_(softcap)
+            scores.add_(part)
+        top = torch.maximum(shared.amax(-1, keepdim=True), own.amax(-1, keepdim=True))
+        shared.sub_(top).exp_()
+        own.sub_(top).exp_()
+        total = shared.sum(-1, keepdim=True) + own.sum(-1, keepdim=True)
+    out = torch.bmm(shared.reshape(kv_heads, batch * group * width, length), prefix_values[0].to(work))
     out = out.view(kv_heads, batch, group, width, dim)
-    out += torch.matmul(own.view(kv_heads, batch, group * width, width), value.to(work).transpose(0, 1)).view_as(out)
-    out /= total
+    own_values = value.to(work).transpose(0, 1)
+    out += torch.matmul(own.reshape(kv_heads, batch, group * width, width), own_values).view_as(out)
+    if total is not None:
+        out /= total
     # [kv_heads, batch, group, width, dim] -> [batch, width, heads, dim], heads ordered (kv head, group).
     return out.permute(1, 3, 0, 2, 4).reshape(batch, width, heads, dim).to(dtype), None
 

@@ -26,7 +26,7 @@ tokens; keys are in token order (time order for a signal whose times increase).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,17 +34,18 @@ import torch
 
 from contllm.core.engine import Positions, check_inputs, check_signals, evaluation, normalize_positions, read_indices
 from contllm.core.families import model_of
-from contllm.core.forward import forward_batch
+from contllm.core.forward import forward_batch, mask_dtype
 from contllm.core.precision import IMPLEMENTATION
-from contllm.core.prefix import SharedPrefix, shared_prefix_len, slice_signal
+from contllm.core.prefix import SharedKeys, SharedPrefix, shared_prefix_len, slice_signal
 from contllm.core.signal import Signal, SignalBatch, pad_signals
 from contllm.errors import SignalError
+from contllm.internals import hooked_attention
 from contllm.internals.activation_cache import ActivationCache
 from contllm.internals.binding import OPEN
-from contllm.internals.hookpoints import Point, hook_names, point, resolve_names
+from contllm.internals.hookpoints import Point, hook_names, point, points, resolve_names
 from contllm.internals.hooks import foreign_hooks
 from contllm.internals.intervention import Hook, HookFn, added_hooks, hooks
-from contllm.internals.prefixed import SHARED, Layout, PrefixChanged, suspended
+from contllm.internals.prefixed import SHARED, Layout, PrefixChanged, reads_rest, suspended
 
 if TYPE_CHECKING:  # only in annotations, which are strings at run time
     from typing_extensions import TypeIs
@@ -84,7 +85,12 @@ def _columns(batch: SignalBatch, reads: Sequence[Sequence[int]]) -> list[torch.T
 
 
 def forward_reads(
-    lm: Any, batch: SignalBatch, reads: Sequence[Sequence[int]], signals: Sequence[Signal] | None = None
+    lm: Any,
+    batch: SignalBatch,
+    reads: Sequence[Sequence[int]],
+    signals: Sequence[Signal] | None = None,
+    *,
+    prefix: SharedKeys | None = None,
 ) -> list[torch.Tensor]:
     """One forward of a padded batch (inside an evaluation context): logits [k_i, vocab] per row at its read positions.
 
@@ -92,17 +98,18 @@ def forward_reads(
     evaluation context's read-out gives, float32 at least (the dtype ``lm.logits`` returns);
     with gradients enabled the result stays in the autograd graph. signals: those ``batch``
     pads; where given, a forward without gradients inside hook contexts runs a prefix they
-    share once (:func:`prefixed_reads`).
+    share once (:func:`prefixed_reads`). prefix: the keys of a prefix every row of ``batch``
+    continues (``batch`` holds the tokens after it, and ``reads`` count from its end).
     """
-    if signals is not None and not torch.is_grad_enabled():
+    if signals is not None and prefix is None and not torch.is_grad_enabled():
         rows = prefixed_reads(lm, signals, reads)
         if rows is not None:
             return rows
     columns = _columns(batch, reads)
-    kept = sorted({int(c) for row in columns for c in row})
-    with suspended(model_of(lm)):
-        logits, _ = forward_batch(lm, batch, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device))
-    at = {c: i for i, c in enumerate(kept)}
+    kept = torch.tensor(sorted({int(c) for row in columns for c in row}), dtype=torch.long)
+    with suspended(model_of(lm)) if prefix is None else nullcontext():
+        logits, _ = forward_batch(lm, batch, logits_to_keep=kept.to(lm.device), prefix=prefix)
+    at = {int(c): i for i, c in enumerate(kept)}
     dtype = torch.promote_types(logits.dtype, torch.float32)
     return [logits[b, [at[int(c)] for c in columns[b]]].to(device="cpu", dtype=dtype) for b in range(len(batch))]
 
@@ -111,45 +118,41 @@ def forward_reads(
 MIN_SHARED_PREFIX = 16
 
 
+def shareable_prefix(lm: Any, signals: Sequence[Signal], before: int | None) -> int:
+    """The tokens at the start of ``signals`` that a forward may run once (0: none): the prefix they share before
+    token ``before``, where it has :data:`MIN_SHARED_PREFIX` tokens or more, the model runs its own attention
+    (hooked or not) and no torch hook registered outside contllm would see the rows after it alone."""
+    net = model_of(lm)
+    if hooked_attention.underlying(net) not in {lm.attn_implementation, IMPLEMENTATION} or foreign_hooks(net):
+        return 0
+    p = shared_prefix_len(signals, lm, before=before)
+    return p if p >= MIN_SHARED_PREFIX else 0
+
+
 def prefixed_reads(lm: Any, signals: Sequence[Signal], reads: Sequence[Sequence[int]]) -> list[torch.Tensor] | None:
     """:func:`forward_reads` of ``signals`` with the prefix they share run once (:mod:`contllm.internals.prefixed`);
-    None where that does not serve: fewer than two signals, a prefix shorter than :data:`MIN_SHARED_PREFIX` before
-    the first read position, no hook context open, a hooked point inside the attention function, backward hooks,
-    an attention function other than the model's own, a torch hook registered outside contllm, or a hook function
-    that changed a value of the prefix."""
+    None where that does not serve: fewer than two signals, no hook context open, backward hooks, no prefix
+    :func:`shareable_prefix` takes before the first read position, or a hook function that changed a value of the
+    prefix."""
     net = model_of(lm)
     runs = OPEN.get(net, [])
-    if len(signals) < 2 or not runs or net in SHARED:
-        return None
-    if any(r.bwd or r.known[name].site == "attention" for r in runs for name in r.state.names):
-        return None
-    if getattr(net.config, "_attn_implementation", None) not in {lm.attn_implementation, IMPLEMENTATION}:
-        return None
-    if foreign_hooks(net):  # a torch hook of the user's would see the rows after the prefix alone
+    if len(signals) < 2 or not runs or net in SHARED or any(r.bwd for r in runs):
         return None
     first = min(min(row) for row in reads if len(row)) if any(len(row) for row in reads) else None
-    p = shared_prefix_len(signals, lm, before=first)
-    if p < MIN_SHARED_PREFIX:
+    p = shareable_prefix(lm, signals, first)
+    if not p:
         return None
     rests = pad_signals([slice_signal(s, p) for s in signals])
-    layout = Layout(p, rests.pad_left.clone(), rests.width)
+    layout = Layout(p, rests.pad_left.clone(), rests.width, hidden=torch.finfo(mask_dtype(lm)).min)
     SHARED[net] = layout
     try:
         keys = SharedPrefix.compute(lm, signals[0], p).keys
         layout.recording = False
-        tail_reads = [[i - p for i in row] for row in reads]
-        columns = _columns(rests, tail_reads)
-        kept = sorted({int(c) for row in columns for c in row})
-        logits, _ = forward_batch(
-            lm, rests, logits_to_keep=torch.tensor(kept, dtype=torch.long, device=lm.device), prefix=keys
-        )
+        return forward_reads(lm, rests, [[i - p for i in row] for row in reads], prefix=keys)
     except PrefixChanged:
         return None
     finally:
         SHARED.pop(net, None)
-    at = {c: i for i, c in enumerate(kept)}
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    return [logits[b, [at[int(c)] for c in columns[b]]].to(device="cpu", dtype=dtype) for b in range(len(rests))]
 
 
 #: The duration a real token of duration 0 runs at in a forward that differentiates in durations.
@@ -423,19 +426,21 @@ def recording(
     dtype = cache_dtype(lm)
 
     def keep(p: Point) -> HookFn:
-        def fn(h: torch.Tensor, hook: Hook) -> None:
-            h = h.detach()
-            if p.axis == "pattern":
-                stored[p.name] = [
-                    h[b][:, columns[b].to(h.device), starts[b] :].to(device="cpu", dtype=dtype) for b in range(len(h))
-                ]
-            else:
-                stored[p.name] = [h[b, columns[b].to(h.device)].to(device="cpu", dtype=dtype) for b in range(len(h))]
+        def read(h: torch.Tensor, shift: int) -> None:
+            """The read columns of ``h``, whose query positions start ``shift`` columns into the padded batch."""
+            at = [(columns[b] - shift).to(h.device) for b in range(len(h))]
+            rows = [h[b][:, at[b], starts[b] :] if p.axis == "pattern" else h[b, at[b]] for b in range(len(h))]
+            stored[p.name] = [r.detach().to(device="cpu", dtype=dtype) for r in rows]
 
-        return fn
+        def fn(h: torch.Tensor, hook: Hook) -> None:
+            read(h, 0)
+
+        # After a shared prefix every read column lies in the rest, its prefix's columns removed.
+        return reads_rest(fn, lambda h, layout: read(h, layout.length))
 
     found: dict[str, list[torch.Tensor]] = {}
-    with hooks(lm, list(signals), [(name, keep(point(lm, name))) for name in names]) as state:
+    known = points(lm)
+    with hooks(lm, list(signals), [(name, keep(known.get(name) or point(lm, name))) for name in names]) as state:
         yield found
     state.check_reached()
     found.update((name, stored[name]) for name in names)

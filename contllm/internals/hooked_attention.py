@@ -9,6 +9,9 @@ hooked, the model runs :func:`hooked_attention_forward`, registered with transfo
 q.k x scale, softcapped where the family caps, plus the continuous-time mask) in float32 at
 least, with the hooks between its steps, on the layers with hooks; every other layer runs
 the implementation it had (eager, sdpa, or contllm's float32 state wrapping one of them).
+In a hooked forward on a shared prefix (:mod:`contllm.internals.prefixed`) the rows after the
+prefix run :func:`hooked_prefix_attention`, the same computation over the prefix's keys and
+their own.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from contllm.core.attention import stock_eager, switched_attention
 from contllm.core.families import attention_modules
+from contllm.core.prefix import ROUTED, attend_shared
 from contllm.errors import UnsupportedModelError
 from contllm.internals.hookpoints import Point
+from contllm.internals.prefixed import layout_of
 
-__all__ = ["IMPLEMENTATION", "hooked_attention_forward", "install"]
+__all__ = ["IMPLEMENTATION", "hooked_attention_forward", "hooked_prefix_attention", "install", "underlying"]
 
 #: The name under which the hooked attention function is registered with transformers.
 IMPLEMENTATION = "contllm_hooks"
@@ -47,6 +52,7 @@ class _AttentionHooks:
     apply: Apply
     parts: dict[str, Point]
     original: str
+    net: nn.Module
 
 
 #: The hooks on each attention module, outermost context first; entries leave with their context.
@@ -87,11 +93,54 @@ def hooked_attention_forward(
             else ALL_ATTENTION_FUNCTIONS.get_interface(original, stock_eager(module))
         )
         return function(module, query, key, value, attention_mask, **kwargs)
-    dtype = query.dtype
-    work = torch.promote_types(dtype, torch.float32)
+    work = torch.promote_types(query.dtype, torch.float32)
     q = _heads_last(entries, "rot_q", query.to(work))
     k = _heads_last(entries, "rot_k", key.to(work))
-    v = value.to(work)
+    return _attend(entries, module, query.dtype, q, k, value.to(work), attention_mask, kwargs)
+
+
+def hooked_prefix_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any
+) -> tuple[torch.Tensor, Any]:
+    """The hooked attention of the rows after a shared prefix (:data:`contllm.core.prefix.ROUTED` while hooks are on).
+
+    Takes :func:`contllm.core.prefix.shared_prefix_attention`'s arguments: the rows' own
+    queries, keys and values [batch, heads, width, d], the prefix's keys and values in
+    ``contllm_prefix`` and the mask over [prefix, own] keys. The eager computation of
+    :func:`hooked_attention_forward` runs over every key of the full batch in its columns'
+    order, and each point's hooks get the full batch's value (:class:`~contllm.internals.prefixed.Layout`).
+    A module without attention hooks runs the plain shared-prefix attention.
+    """
+    entries = _SITES.get(module)
+    if not entries or not any(e.parts for e in entries):
+        return attend_shared(module, query, key, value, attention_mask, **kwargs)
+    layout = layout_of(entries[0].net)
+    prefix = kwargs.pop("contllm_prefix", None)
+    if layout is None or layout.recording or prefix is None or not isinstance(attention_mask, torch.Tensor):
+        raise UnsupportedModelError(
+            f"{type(module).__name__}: attention hooks on a shared prefix run only in a hooked forward of one"
+        )
+    prefix_keys, prefix_values = prefix.layers[module]
+    work = torch.promote_types(query.dtype, torch.float32)
+    q = _heads_last(entries, "rot_q", query.to(work))
+    k = layout.keys(prefix_keys.to(work), _heads_last(entries, "rot_k", key.to(work)))
+    v = layout.keys(prefix_values.to(work), value.to(work))
+    return _attend(entries, module, query.dtype, q, k, v, layout.mask(attention_mask), kwargs)
+
+
+def _attend(
+    entries: list[_AttentionHooks],
+    module: nn.Module,
+    dtype: torch.dtype,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attention_mask: Any,
+    kwargs: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention of queries ``q`` [batch, heads, q, d] over keys and values ``k``, ``v`` [batch, kv_heads, k, d]
+    in the working dtype, with the hooks of the duration biases, scores and pattern; the output in ``dtype``."""
+    work = q.dtype
     groups = q.shape[1] // k.shape[1]
     keys, values = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     # Older transformers leave GPT-2's scale to its eager function: 1 / sqrt(head_dim) by default.
@@ -124,6 +173,17 @@ def _leave(module: nn.Module, entry: _AttentionHooks) -> None:
     _SITES[module] = entries
     if not entries:
         _SITES.pop(module, None)
+        ROUTED.pop(module, None)
+
+
+def underlying(net: nn.Module) -> str | None:
+    """The attention implementation ``net`` runs: the one it had before a hooks context switched it to
+    :data:`IMPLEMENTATION` (None where its modules had different ones), else its own."""
+    current = getattr(net.config, "_attn_implementation", None)
+    if current != IMPLEMENTATION:
+        return current
+    found = {entries[0].original for m in attention_modules(net) if (entries := _SITES.get(m))}
+    return found.pop() if len(found) == 1 else None
 
 
 def install(apply: Apply, by_module: dict[nn.Module, dict[str, Point]], stack: ExitStack, net: nn.Module) -> None:
@@ -134,8 +194,9 @@ def install(apply: Apply, by_module: dict[nn.Module, dict[str, Point]], stack: E
     for module in modules:
         entries = _SITES.setdefault(module, [])
         original = entries[0].original if current == IMPLEMENTATION and entries else current
-        entry = _AttentionHooks(apply, by_module.get(module, {}), original)
+        entry = _AttentionHooks(apply, by_module.get(module, {}), original, net)
         entries.append(entry)
+        ROUTED[module] = hooked_prefix_attention
         stack.callback(_leave, module, entry)
     if current != IMPLEMENTATION:
         stack.enter_context(switched_attention(net, modules, IMPLEMENTATION))

@@ -303,14 +303,15 @@ def act_name(key: Any, layer: int | None = None, sub: str | None = None) -> str:
     return f"blocks.{layer}.{SHORT_NAMES[key]}"
 
 
-def resolve_names(lm: Any, targets: Any, *, what: str = "names") -> list[str]:
+def resolve_names(lm: Any, targets: Any, *, what: str = "names", known: dict[str, Point] | None = None) -> list[str]:
     """The activation names ``targets`` selects: a name, a short form, a predicate ``fn(name) -> bool``, or a list of them.
 
     Returns the names in forward order, each once; SignalError for an unknown name, for
     a predicate that selects nothing, or for a target of another kind (a number, None),
-    the message naming the argument as ``what``.
+    the message naming the argument as ``what``. known: ``points(lm)`` where the caller
+    has it already (a call that resolves many targets reads the model's points once).
     """
-    known = points(lm)
+    known = points(lm) if known is None else known
     single = isinstance(targets, (str, tuple)) or callable(targets)
     if not single and (isinstance(targets, bytes) or not isinstance(targets, Iterable)):
         raise _bad_target(targets, what)

@@ -21,7 +21,7 @@ from contllm.core.families import family_of
 from contllm.core.signal import Signal, SignalBatch
 from contllm.errors import SignalError, UnsupportedModelError
 from contllm.internals.hookpoints import Point
-from contllm.internals.prefixed import layout_of
+from contllm.internals.prefixed import layout_of, rest_reader
 
 __all__ = ["Hook", "HookFn", "HookState", "LayerIndex", "Run", "backward", "changed", "replacement"]
 
@@ -158,7 +158,16 @@ class Run:
         if shared.recording:
             shared.keep(point.name, value)
             return value
-        return shared.narrow(point.name, self._apply(point, shared.widen(point.name, value)), value)
+        fns = self.fwd.get(point.name, ())
+        readers = [rest_reader(fn) for fn in fns]
+        if fns and all(readers) and not self.graph(point) and not self.optional.get(point.name):
+            # Every hook function here reads the rows after the prefix alone (run_with_cache's): no full batch.
+            for reader in readers:
+                assert reader is not None
+                reader(value, shared)
+            self.state.fired.add(point.name)
+            return value
+        return shared.narrow(point, self._apply(point, shared.widen(point, value)), value)
 
     def _apply(self, point: Point, value: torch.Tensor) -> torch.Tensor:
         self._check(point, value)

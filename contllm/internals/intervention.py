@@ -103,12 +103,13 @@ def _pairs(lm: Any, given: Any, what: str) -> dict[str, list[HookFn]]:
             f"{type(given).__name__} {shown}; e.g. {what}=[('blocks.0.hook_resid_post', fn)]"
         )
     out: dict[str, list[HookFn]] = {}
+    known = points(lm)
     for i, item in enumerate(given):
         if not (isinstance(item, (tuple, list)) and len(item) == 2 and callable(item[1])):
             raise SignalError(
                 f"{what} must be a list of (name or predicate, fn) pairs with fn(activation, hook), got {item!r}"
             )
-        for name in resolve_names(lm, item[0], what=f"the target of {what}[{i}]"):
+        for name in resolve_names(lm, item[0], what=f"the target of {what}[{i}]", known=known):
             out.setdefault(name, []).append(item[1])
     return out
 

@@ -176,8 +176,7 @@ def test_both_paths_give_the_stock_models_answer(family: str, everywhere: bool, 
 def test_what_never_takes_the_shared_prefix(computed: list[int]) -> None:
     lm = ContinuousLM(tiny_model64("llama"))
     items = shared()
-    # A point inside the attention function, backward hooks and gradients, every position read, a short prefix.
-    lm.run_with_hooks(items, fwd_hooks=[(f"blocks.{LAYER}.attn.hook_pattern", lambda x, hook: None)])
+    # Backward hooks and gradients, every position read, a short prefix.
     lm.run_with_hooks(items, fwd_hooks=[("blocks.0.hook_resid_post", lambda x, hook: None)], grad=True)
     lm.run_with_cache(items, names=["blocks.0.hook_resid_post"])  # positions "all" reads inside the prefix
     short = [Signal.from_ids(s.token_ids[P - 10 :], s.durations[P - 10 :]) for s in items]
@@ -192,3 +191,112 @@ def test_what_never_takes_the_shared_prefix(computed: list[int]) -> None:
     assert computed == []
     lm.run_with_hooks(items, fwd_hooks=[("blocks.0.hook_resid_post", lambda x, hook: None)])
     assert computed == [P]
+
+
+ATTENTION = ("rot_q", "rot_k", "duration_bias", "attn_scores", "pattern")
+
+
+def attention_names(layer: int) -> list[str]:
+    return [f"blocks.{layer}.attn.hook_{part}" for part in ATTENTION]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_points_inside_attention_on_a_shared_prefix_give_the_full_forwards_values(
+    family: str, computed: list[int], full: Full
+) -> None:
+    """Every hook point of the model cached at two read positions: the prefix ran once, and every value (patterns,
+    scores, duration biases, rotated queries and keys included) is the full forward's."""
+    lm = ContinuousLM(tiny_model64(family))
+    items = shared()
+    cache = lm.run_with_cache(items, positions=[-1, -3])
+    assert computed == [P]
+    with full():
+        cache_full = lm.run_with_cache(items, positions=[-1, -3])
+    assert computed == [P]
+    assert sorted(cache.keys()) == sorted(cache_full.keys())
+    inside = [name for name in cache.keys() if any(name.endswith(f"hook_{part}") for part in ATTENTION)]
+    assert len(inside) == len(ATTENTION) * lm.model.config.num_hidden_layers
+    for name in cache.keys():
+        for ours, theirs in zip(cache.rows(name), cache_full.rows(name)):
+            assert ours.shape == theirs.shape, name
+            assert max_diff(ours, theirs) <= TOLERANCE, name
+    assert max_diff(cache.logits[0], cache_full.logits[0]) <= TOLERANCE
+
+
+def test_hooks_inside_attention_see_the_whole_padded_batch_as_a_full_forward_gives_it(
+    computed: list[int], full: Full
+) -> None:
+    """The values a hook function gets inside attention, [batch, heads, query, key] over every column of the padded
+    batch: the prefix's queries included, hidden keys at the values a full forward has (0 in a pattern, the mask's
+    minimum in scores and biases)."""
+    lm = ContinuousLM(tiny_model64("llama"))
+    items = shared()
+    seen: dict[str, list[torch.Tensor]] = {"prefix": [], "full": []}
+
+    def keep(into: str) -> object:
+        def fn(x: torch.Tensor, hook: object) -> None:
+            seen[into].append(x.clone())
+
+        return fn
+
+    names = attention_names(LAYER)
+    lm.run_with_hooks(items, fwd_hooks=[(n, keep("prefix")) for n in names])
+    with full():
+        lm.run_with_hooks(items, fwd_hooks=[(n, keep("full")) for n in names])
+    assert computed == [P]
+    width = P + max(RESTS)
+    real = torch.arange(width)[None, :] >= torch.tensor([max(RESTS) - n for n in RESTS])[:, None]
+    for name, a, b in zip(names, seen["prefix"], seen["full"]):
+        assert a.shape == b.shape, name
+        if name.endswith(("rot_q", "rot_k")):
+            assert max_diff(a[real], b[real]) <= TOLERANCE, name
+            continue
+        assert a.shape[::2] == (len(items), width) and a.shape[3] == width
+        rows = real[:, None, :, None] & torch.ones_like(a, dtype=torch.bool)  # every key of a real query
+        assert max_diff(a[rows], b[rows]) <= TOLERANCE, name
+        if name.endswith("pattern"):
+            assert torch.equal(a[rows] == 0, b[rows] == 0), name  # hidden keys exactly 0 in both
+        else:
+            hidden = torch.finfo(a.dtype).min if a.dtype == torch.float64 else torch.finfo(torch.float32).min
+            assert torch.equal(a[rows] <= hidden / 2, b[rows] <= hidden / 2), name
+
+
+def scale_last_scores(x: torch.Tensor, hook: object) -> torch.Tensor:
+    """Head HEAD's scores at each signal's last query halved (the prefix's part left as it is)."""
+    x = x.clone()
+    x[torch.arange(len(x)), HEAD, hook.columns(-1)] *= 0.5  # type: ignore[attr-defined]
+    return x
+
+
+def flatten_pattern(x: torch.Tensor, hook: object) -> torch.Tensor:
+    """Head HEAD's pattern made uniform over the real keys of every query, the prefix's included."""
+    x = x.clone()
+    seen = (x[:, HEAD] > 0).to(x.dtype)
+    x[:, HEAD] = seen / seen.sum(-1, keepdim=True).clamp_min(1)
+    return x
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("edit", [scale_last_scores, flatten_pattern], ids=["rest", "prefix"])
+def test_an_edit_inside_attention_gives_the_full_forwards_answer(
+    family: str, edit: Callable[[torch.Tensor, object], torch.Tensor], computed: list[int], full: Full
+) -> None:
+    """An edit of the rows after the prefix keeps the prefix shared; one that reaches the prefix's queries sends the
+    call to the full forward. Both give the full forward's answer, and the edit moves it."""
+    lm = ContinuousLM(tiny_model64(family))
+    items = shared()
+    name = f"blocks.{LAYER}.attn.hook_{'attn_scores' if edit is scale_last_scores else 'pattern'}"
+    calls: list[int] = []
+
+    def counted(x: torch.Tensor, hook: object) -> torch.Tensor:
+        calls.append(1)
+        return edit(x, hook)
+
+    ours = lm.run_with_hooks(items, fwd_hooks=[(name, counted)], positions="last")
+    assert computed == [P]
+    # Called once where the prefix stayed shared, twice where the call went on as the full forward.
+    assert len(calls) == (1 if edit is scale_last_scores else 2)
+    with full():
+        theirs = lm.run_with_hooks(items, fwd_hooks=[(name, edit)], positions="last")
+    assert max_diff(ours, theirs) <= TOLERANCE
+    assert max_diff(ours, lm.logits(items)) > 1e-3
