@@ -338,16 +338,19 @@ class ContinuousLM:
         *,
         positions: Positions = "last",
         wrt: Any = ("durations", "embeds"),
+        tokens: Positions | None = None,
     ) -> Gradients:
         """Gradients of ``readout(logits)`` by durations, input embeddings and activations: :func:`contllm.internals.gradients.gradients`.
 
         readout maps the batch's logits ([batch, vocab] at the last position by default) to
-        one value per signal; wrt lists "durations", "embeds" and activation names.
+        one value per signal; wrt lists "durations", "embeds" and activation names; tokens
+        picks the tokens whose durations and embeddings are asked for (None: all; those
+        after a prefix the signals share cost one forward and backward of the rest).
         SignalError for a readout that is not callable or returns anything but float values
         with a gradient, one per signal, a ``wrt`` that is no name (a number, None), or a
         signal :meth:`logits` would refuse.
         """
-        return gradients(self, signals, readout, positions=positions, wrt=wrt)
+        return gradients(self, signals, readout, positions=positions, wrt=wrt, tokens=tokens)
 
     def trace(self, signals: Signal | Sequence[Signal], *, grad: bool = False, **options: Any) -> Any:
         """nnsight's tracer over ``signals``: :func:`contllm.internals.interop.trace` (needs ``contllm[nnsight]``).

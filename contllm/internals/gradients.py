@@ -22,6 +22,7 @@ times.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +34,12 @@ from contllm.core.forward import (
     rotary_gradients as rotary_gradients,  # re-exported: the one way gradients reach rotary positions
 )
 from contllm.core.precision import output_dtype
-from contllm.core.signal import Signal, pad_signals
+from contllm.core.prefix import SharedPrefix, slice_signal
+from contllm.core.signal import Signal
 from contllm.errors import SignalError
-from contllm.internals.activations import differentiable_batch, forward_reads, shaped
+from contllm.internals.activations import differentiable_batch, forward_reads, shaped, shareable_prefix
 from contllm.internals.hookpoints import point, resolve_names
-from contllm.internals.intervention import Hook, hooks
+from contllm.internals.intervention import Hook, hooks, hooks_on
 
 __all__ = ["Gradients", "check_readout", "gradients", "readout_values", "rotary_gradients", "wrt_targets"]
 
@@ -128,6 +130,7 @@ def gradients(
     *,
     positions: Positions = "last",
     wrt: str | Sequence[Any] = INPUTS,
+    tokens: Positions | None = None,
 ) -> Gradients:
     """Gradients of ``readout(logits)`` for each signal with respect to durations, embeddings and activations.
 
@@ -137,11 +140,21 @@ def gradients(
         returns one value per signal ([batch]), e.g. ``lambda logits: logits.softmax(-1)[:, token]``.
     wrt: "durations", "embeds" and activation names (or short forms, or predicates), one or
         a list.
+    tokens: the tokens whose durations and embeddings are asked for ("last", an index or a
+        list of indices, negative from each signal's end; None: every token). Their
+        gradients come in that order, [k] and [k, hidden] per signal, and are those of
+        every token's, picked. Where every chosen token and read position lies after a
+        prefix the signals share (:func:`contllm.internals.activations.shareable_prefix`),
+        ``wrt`` names no activation and no hooks are on, that prefix runs once without a
+        graph (it does not depend on what comes after it) and one forward and backward
+        cover the rest: the durations of a few-shot prompt's last line cost about as much
+        as a forward of it.
     Returns :class:`Gradients`. Signals do not interact, so each signal's gradients are
     those of its own value. SignalError for a ``wrt`` that names nothing or is no name (a
-    number, None), an unknown name, "all" positions, a read-out that is not callable or
-    returns anything but float values with a gradient, one per signal (:func:`check_readout`,
-    :func:`readout_values`), or a signal ``lm.logits`` would refuse.
+    number, None), an unknown name, "all" positions, ``tokens`` outside a signal, a
+    read-out that is not callable or returns anything but float values with a gradient,
+    one per signal (:func:`check_readout`, :func:`readout_values`), or a signal
+    ``lm.logits`` would refuse.
     """
     items = check_signals(signals, single_ok=True)
     if normalize_positions(positions) == "all":
@@ -150,38 +163,76 @@ def gradients(
     inputs, names = wrt_targets(lm, wrt)
     reads = read_indices(items, positions)
     check_inputs(lm, items, reads)
-    graph_batch = differentiable_batch(lm, items, durations="durations" in inputs)
+    chosen = None if tokens is None else _chosen(items, tokens)
+    p = 0
+    if chosen is not None and not names and not hooks_on(lm):
+        p = shareable_prefix(lm, items, min(min(row) for row in [*reads, *chosen]))
+    graph_batch = differentiable_batch(
+        lm, [_after_prefix(s, p) for s in items] if p else items, durations="durations" in inputs
+    )
     dtype = output_dtype(lm.dtype)
-    batch, durations, embeds = pad_signals(items), graph_batch.durations, graph_batch.embeds
+    durations, embeds = graph_batch.durations, graph_batch.embeds
     assert embeds is not None
     captured: dict[str, torch.Tensor] = {}
 
     def keep(h: torch.Tensor, hook: Hook) -> None:
         captured[hook.name] = h
 
-    with (
-        hooks(lm, items, [(name, keep) for name in names], graph=names) as state,
-        differentiable(lm),
-    ):
-        logits = shaped(forward_reads(lm, graph_batch, reads), positions)
+    with ExitStack() as stack:
+        state = None if p else stack.enter_context(hooks(lm, items, [(name, keep) for name in names], graph=names))
+        stack.enter_context(differentiable(lm))
+        if p:
+            with torch.no_grad():
+                prefix = SharedPrefix.compute(lm, items[0], p).keys
+            rows = forward_reads(lm, graph_batch, [[i - p for i in row] for row in reads], prefix=prefix)
+        else:
+            rows = forward_reads(lm, graph_batch, reads)
+        logits = shaped(rows, positions)
         assert isinstance(logits, torch.Tensor)  # not "all" positions
         values = readout_values(readout(logits), len(items))
-        state.check_reached()
+        if state is not None:
+            state.check_reached()
         leaves = [t for t, on in ((durations, "durations" in inputs), (embeds, "embeds" in inputs)) if on]
         found = torch.autograd.grad(values.sum(), [*leaves, *(captured[n] for n in names)], allow_unused=True)
     grads = dict(zip([*(w for w in INPUTS if w in inputs), *names], found))
-    pads = [int(p) for p in batch.pad_left]
+    pads = [int(x) for x in graph_batch.pad_left]
 
-    def rows(name: str, g: torch.Tensor | None, like: torch.Tensor) -> list[torch.Tensor]:
+    def rows_of(name: str, g: torch.Tensor | None, like: torch.Tensor) -> list[torch.Tensor]:
         g = torch.zeros_like(like) if g is None else g.detach()
-        if name in INPUTS or point(lm, name).axis == "pos":
-            return [g[b, p:].to(dtype).cpu() if name != "durations" else g[b, p:].cpu() for b, p in enumerate(pads)]
-        return [g[b][:, p:, p:].to(dtype).cpu() for b, p in enumerate(pads)]
+        if name in INPUTS:
+            picked = [
+                g[b, pad:] if chosen is None else g[b, [pad + i - p for i in chosen[b]]] for b, pad in enumerate(pads)
+            ]
+            return [x.to(dtype).cpu() if name != "durations" else x.cpu() for x in picked]
+        if point(lm, name).axis == "pos":
+            return [g[b, pad:].to(dtype).cpu() for b, pad in enumerate(pads)]
+        return [g[b][:, pad:, pad:].to(dtype).cpu() for b, pad in enumerate(pads)]
 
     out = Gradients(values.detach().to(dtype).cpu())
     if "durations" in grads:
-        out.durations = rows("durations", grads["durations"], durations)
+        out.durations = rows_of("durations", grads["durations"], durations)
     if "embeds" in grads:
-        out.embeds = rows("embeds", grads["embeds"], embeds)
-    out.activations = {n: rows(n, grads[n], captured[n]) for n in names}
+        out.embeds = rows_of("embeds", grads["embeds"], embeds)
+    out.activations = {n: rows_of(n, grads[n], captured[n]) for n in names}
     return out
+
+
+def _chosen(items: Sequence[Signal], tokens: Any) -> list[list[int]]:
+    """Each signal's token indices that ``tokens`` chooses (:func:`gradients`); SignalError naming ``tokens``."""
+    try:
+        return read_indices(items, tokens)
+    except (SignalError, TypeError, ValueError) as err:
+        raise SignalError(f"tokens: {err}") from None
+
+
+def _after_prefix(signal: Signal, p: int) -> Signal:
+    """The tokens of ``signal`` after its first ``p``, at their own times; where times follow the durations they
+    still do, from the time the first ``p`` end at (so that a duration's gradient includes the times it moves)."""
+    if signal.explicit_times is not None:
+        return slice_signal(signal, p)
+    return Signal(
+        durations=signal.durations[p:],
+        token_ids=None if signal.token_ids is None else signal.token_ids[p:],
+        embeds=None if signal.embeds is None else signal.embeds[p:],
+        start=float(signal.times[p - 1]),
+    )
