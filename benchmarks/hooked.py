@@ -16,8 +16,13 @@ process, the runs of each repeat interleaved (a change in load hits all alike), 
                      the call gives up the shared prefix for one full forward (no target)
   cache: resid_post  ``lm.run_with_cache`` of every layer's ``hook_resid_post`` (last position)
   cache: every name  ``lm.run_with_cache`` of every hook point (last position)
-  gradients          ``lm.gradients`` of the last position's log-probability of the
-                     first digit with respect to the durations (one forward, one backward)
+  gradients: line    ``lm.gradients`` of the last position's log-probability of the
+                     first digit with respect to the durations of each signal's own line
+                     (``tokens``: those after the shared prefix, which runs once without a
+                     graph; one forward and one backward of the rest)
+  gradients: all     the same with respect to every token's duration, the prefix's included:
+                     each signal's gradient by the prefix's durations is its own, so the
+                     prefix runs in every row (one full forward and backward; no target)
 
 It prints each run's best time, its ratio to ``logits`` and the target of that ratio,
 with the CPU's description and the load average: a time taken beside other busy
@@ -35,6 +40,7 @@ from typing import Any
 import torch
 
 import contllm
+from contllm.core.prefix import shared_prefix_len
 from contllm.hardware import describe
 
 PREFIX = (
@@ -62,7 +68,8 @@ TARGETS: dict[str, float | None] = {
     "head off, all": None,
     "cache: resid_post": 1.5,
     "cache: every name": 4.0,
-    "gradients": 3.0,
+    "gradients: line": 3.0,
+    "gradients: all": None,
 }
 
 
@@ -85,6 +92,8 @@ def runs(lm: Any, signals: Sequence[Any]) -> dict[str, Callable[[], Any]]:
         return torch.log_softmax(logits.float(), dim=-1)[..., digit]
 
     resid = [f"blocks.{i}.hook_resid_post" for i in range(layers)]
+    # The tokens after the prefix every signal shares (the shortest signal's, counted from each one's end).
+    line = list(range(-(min(map(len, signals)) - shared_prefix_len(signals, lm)), 0))
     return {
         "logits": lambda: lm.logits(list(signals)),
         "hooks: no-op": lambda: lm.run_with_hooks(list(signals), fwd_hooks=[(resid[0], lambda x, hook: None)]),
@@ -96,7 +105,8 @@ def runs(lm: Any, signals: Sequence[Any]) -> dict[str, Callable[[], Any]]:
         ),
         "cache: resid_post": lambda: lm.run_with_cache(list(signals), names=resid, positions="last"),
         "cache: every name": lambda: lm.run_with_cache(list(signals), positions="last"),
-        "gradients": lambda: lm.gradients(list(signals), log_p, wrt="durations"),
+        "gradients: line": lambda: lm.gradients(list(signals), log_p, wrt="durations", tokens=line),
+        "gradients: all": lambda: lm.gradients(list(signals), log_p, wrt="durations"),
     }
 
 

@@ -172,13 +172,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     for name in names:
         items = len(get_experiment(name).items(get_experiment(name).config()))
+        # Each run binds this experiment's name now (the loop's variable moves on).
         runs: dict[str, Callable[[], Loop]] = {
-            "per item": lambda: item_loop(fp32, name, per_item=True),
-            "batched": lambda: item_loop(fp32, name),
+            "per item": lambda name=name: item_loop(fp32, name, per_item=True),
+            "batched": lambda name=name: item_loop(fp32, name),
         }
         if bf16 is not None:
-            runs["bf16"] = lambda: item_loop(bf16, name)
-            runs["bf16 stock"] = lambda: item_loop(bf16, name, float32_state=False)
+            runs["bf16"] = lambda name=name, bf16=bf16: item_loop(bf16, name)
+            runs["bf16 stock"] = lambda name=name, bf16=bf16: item_loop(bf16, name, float32_state=False)
         got = interleaved(runs, args.repeats)
         one, batched = got["per item"], got["batched"]
         print(
