@@ -218,10 +218,18 @@ class Bounds:
     optional: bool = False
 
 
+def least_budget(spent: float, reserved: float, needed: float) -> float:
+    """The smallest budget, in whole minutes, whose share for the runs (:data:`MARGIN` of what is left after the
+    ``spent`` and ``reserved`` seconds) covers ``needed`` seconds of them."""
+    return math.ceil((spent + reserved + needed / MARGIN) / 60.0) * 60.0
+
+
 def allocate(
     available: float,
     bounds: Mapping[str, Bounds],
     seconds: Callable[[str, int], float],
+    *,
+    least: Callable[[float], float] | None = None,
 ) -> tuple[dict[str, int], dict[str, str]]:
     """Counts that share ``available`` seconds equally among the experiments of ``bounds`` (in their order).
 
@@ -232,17 +240,19 @@ def allocate(
     experiments one unit at a time, in turn. An optional
     experiment joins only where every other one still gets its comfortable count and it
     gets its minimum. Returns (counts, left out: name -> why). ExperimentError when the
-    experiments that must run do not fit at their minimum counts.
+    experiments that must run do not fit at their minimum counts; with ``least`` (the
+    smallest budget whose share covers given seconds of runs) it names the budget to give.
     """
     required = [name for name, b in bounds.items() if not b.optional]
     optional = [name for name, b in bounds.items() if b.optional]
     counts = _fill(available, required, bounds, seconds)
     if counts is None:
         needed = sum(seconds(name, bounds[name].minimum) for name in required)
+        larger = "a larger --budget" if least is None else f"--budget {budget_text(least(needed))} or more"
         raise ExperimentError(
             f"the budget leaves {available:.0f} s for the experiments, and the smallest audit "
             f"({', '.join(f'{n} {bounds[n].minimum}' for n in required)}) needs about {needed:.0f} s on this "
-            "machine now; give a larger --budget"
+            f"machine now; give {larger}"
         )
     left_out: dict[str, str] = {}
     for name in optional:

@@ -35,6 +35,7 @@ from contllm.audits.budget import (
     allocate,
     budget_text,
     calibrate,
+    least_budget,
     parse_budget,
 )
 from contllm.audits.studies import PROTOCOLS, STUDIES, Study, study
@@ -230,7 +231,7 @@ def make_plan(
     def seconds(name: str, count: int) -> float:
         return estimates[name].seconds(count, calibration.rate) + OUTPUT_S
 
-    counts, left_out = allocate(available, bounds, seconds)
+    counts, left_out = allocate(available, bounds, seconds, least=lambda needed: least_budget(spent, reserved, needed))
     shares = [Share(name, count, round(seconds(name, count), 3)) for name, count in counts.items()]
     return Plan(budget, round(spent, 3), reserved, round(available, 3), shares, left_out, calibration)
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from contllm import ContinuousLM, ExperimentError
-from contllm.audits.budget import MARGIN, Bounds, Estimate, Probe, allocate, budget_text, parse_budget
+from contllm.audits.budget import MARGIN, Bounds, Estimate, Probe, allocate, budget_text, least_budget, parse_budget
 from contllm.audits.run import dry_run, make_plan, study_config
 from contllm.audits.studies import STUDIES
 from contllm.core.chunks import FORWARD_OVERHEAD
@@ -72,6 +72,22 @@ def test_the_smallest_audit_that_does_not_fit_is_refused_with_what_it_needs() ->
     bounds = {"a": Bounds(4, 100, 8), "b": Bounds(4, 100, 8)}
     with pytest.raises(ExperimentError, match=r"needs about 80 s .* larger --budget"):
         allocate(30.0, bounds, linear({"a": (0.0, 10.0), "b": (0.0, 10.0)}))
+
+
+def test_a_refusal_names_the_smallest_budget_that_fits() -> None:
+    """The budget it names, after 70 s spent (load, calibration) and 8 s kept for the card, gives the runs enough."""
+    bounds = {"a": Bounds(4, 100, 8), "b": Bounds(4, 100, 8)}
+    seconds = linear({"a": (0.0, 10.0), "b": (0.0, 10.0)})
+
+    def least(needed: float) -> float:
+        return least_budget(70.0, 8.0, needed)
+
+    with pytest.raises(ExperimentError, match=r"needs about 80 s .* give --budget 3m or more$"):
+        allocate(30.0, bounds, seconds, least=least)
+    # 180 s: (180 - 78) x 0.85 = 86.7 s for the runs, enough; 120 s would leave 35.7 s.
+    counts, _ = allocate((least(80.0) - 78.0) * MARGIN, bounds, seconds, least=least)
+    assert counts == {"a": 4, "b": 4}
+    assert (least(80.0) - 60.0 - 78.0) * MARGIN < 80.0  # a minute less would not do
 
 
 def test_an_optional_experiment_joins_only_where_the_others_stay_comfortable() -> None:
