@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,21 @@ def check_counts(counts: Mapping[str, int] | None) -> dict[str, int] | None:
     return {s.experiment: out[s.experiment] for s in STUDIES if s.experiment in out}
 
 
+def check_include(include: Any) -> list[str]:
+    """Optional studies to run whatever the budget (``include``: names, or one comma-separated text), in the
+    card's order; ExperimentError for a name that is no optional study."""
+    names = include.split(",") if isinstance(include, str) else list(include or [])
+    optional = [s.experiment for s in STUDIES if s.optional]
+    for name in names:
+        if name not in optional:
+            study(name)  # an unknown name is refused with the audited ones
+            raise ExperimentError(
+                f"--include takes the studies that run where the budget allows ({', '.join(optional)}); "
+                f"{name} always runs"
+            )
+    return [name for name in optional if name in names]
+
+
 def read_audit(out: Path) -> dict[str, Any] | None:
     """The audit.json of ``out``, or None where there is none; RunDirectoryError for one that cannot be read or that
     does not hold to :data:`contllm.rundir.schemas.AUDIT` (naming the field)."""
@@ -132,14 +148,22 @@ def check_out(out: Path, *, resume: bool, force: bool, locked: bool = False) -> 
 
 
 def check_resumed(
-    stored: Mapping[str, Any], model: str, protocol: str, budget: float | None, dtype: str | None = None, seed: int = 0
+    stored: Mapping[str, Any],
+    model: str,
+    protocol: str,
+    budget: float | None,
+    dtype: str | None = None,
+    seed: int = 0,
+    include: Sequence[str] | None = None,
 ) -> None:
     """RunDirectoryError where a resumed audit is asked for another model, protocol, budget (None: the stored one),
-    dtype (None: the stored one) or seed than it was started with."""
+    dtype (None: the stored one), seed or included studies (None: the stored ones) than it was started with."""
+    given = (("model", model), ("protocol", protocol), ("dtype", dtype), ("seed", seed), ("include", include))
     changed = [
-        f"{key} (was {stored.get(key)!r}, now {value!r})"
-        for key, value in (("model", model), ("protocol", protocol), ("dtype", dtype), ("seed", seed))
-        if stored.get(key) != value and not (key == "dtype" and value is None)
+        f"{key} (was {stored.get(key, [] if key == 'include' else None)!r}, now {value!r})"
+        for key, value in given
+        if stored.get(key, [] if key == "include" else None) != value
+        and not (key in ("dtype", "include") and value is None)
     ]
     was = stored.get("budget")
     if budget is not None and was != budget:
@@ -203,8 +227,10 @@ def make_plan(
     say: Say,
     *,
     group_bytes: int | None = None,
+    include: Sequence[str] = (),
 ) -> Plan:
-    """Calibrate, estimate every study and share the budget (``started``: the audit's start, time.perf_counter())."""
+    """Calibrate, estimate every study and share the budget (``started``: the audit's start, time.perf_counter());
+    the optional studies named in ``include`` run as the others do."""
     from contllm.core.engine import Engine
     from contllm.settings import group_bytes_from_env
 
@@ -215,6 +241,8 @@ def make_plan(
     calibration_signals: list[Any] = []
     for s in STUDIES:
         bound = s.bounds(size(s, protocol))
+        if s.experiment in include:
+            bound = replace(bound, optional=False)
         bounds[s.experiment] = bound
         (small, first), (large, _) = (dry_run(lm, engine, s, protocol, n, group_bytes) for n in s.probe_counts(bound))
         estimates[s.experiment] = Estimate(s.experiment, (small, large))
@@ -309,6 +337,7 @@ def audit(
     out: str | Path | None = None,
     protocol: str = "contllm",
     counts: Mapping[str, int] | None = None,
+    include: Sequence[str] | str | None = None,
     resume: bool = False,
     force: bool = False,
     model: str | None = None,
@@ -329,7 +358,8 @@ def audit(
     time ("10m", "90s", or seconds), its calibration, runs and card included (None:
     :data:`~contllm.audits.budget.DEFAULT_BUDGET`, or the budget a resumed audit was
     started with). counts: experiment -> count instead of a budget (items; linearity:
-    paths per source; sums runs when named). out: the audit directory (default
+    paths per source; sums runs when named). include: the optional studies (sums, circuit)
+    to run whatever the budget, at their smallest count at least. out: the audit directory (default
     runs/audit-<model>-<time>); resume: continue the audit there (its plan is kept); force:
     replace it. protocol: "contllm" or "paper" (the experiments' --protocol). model: the
     name the runs record (default: the model's own). resamples: bootstrap resamples per
@@ -347,6 +377,9 @@ def audit(
     counts = check_counts(counts)
     if counts is not None and budget is not None:
         raise ExperimentError("give a budget or counts, not both")
+    included = None if include is None else check_include(include)
+    if counts is not None and included:
+        raise ExperimentError("include applies to a budget; with counts, name the optional studies among them")
     seconds_budget = None if budget is None else parse_budget(budget)
     if isinstance(lm, str):
         model = model or lm
@@ -362,7 +395,7 @@ def audit(
 
         stored = check_out(out, resume=resume, force=force, locked=True)
         if stored is not None:
-            check_resumed(stored, name, protocol, seconds_budget, dtype, seed)
+            check_resumed(stored, name, protocol, seconds_budget, dtype, seed, included)
             dtype = stored.get("dtype")
         elif counts is None and seconds_budget is None:
             seconds_budget = parse_budget(DEFAULT_BUDGET)
@@ -384,11 +417,18 @@ def audit(
                 plan = fixed_plan(counts)
             else:
                 assert seconds_budget is not None
-                plan = make_plan(lm, protocol, seconds_budget, started, say)
+                plan = make_plan(lm, protocol, seconds_budget, started, say, include=included or ())
             say(f"audit plan ({budget_text(plan.budget) if plan.budget else 'given counts'}): {_counts_text(plan)}")
             for left, why in plan.left_out.items():
                 say(f"  {left}: {why}")
-            settings = {"model": name, "protocol": protocol, "budget": plan.budget, "seed": seed, "dtype": dtype}
+            settings = {
+                "model": name,
+                "protocol": protocol,
+                "budget": plan.budget,
+                "seed": seed,
+                "dtype": dtype,
+                "include": included or [],
+            }
             reservation.keep()
             atomic_write_json(out / AUDIT, {**settings, "plan": plan.to_dict()})
         times = _Times(out, started, resumed=stored is not None)

@@ -55,6 +55,13 @@ def audit(
         metavar=DTYPE_METAVAR,
         help=f"Precision of the model; {AUTO_DTYPE_HELP} (the card states the choice and why). [default: float32]",
     ),
+    include: str | None = typer.Option(
+        None,
+        "--include",
+        metavar="STUDIES",
+        help="Studies that run only where the budget allows (sums, circuit; comma-separated) made to run: "
+        "each gets its smallest count at least, and the others share what is left. [default: none]",
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue the audit in --out (its plan is kept)."),
     force: bool = typer.Option(False, "--force", help="Replace the audit in --out."),
     compare: bool = typer.Option(
@@ -63,8 +70,8 @@ def audit(
 ) -> None:
     """How continuous is a model? The paper's results on it within a time budget, as one card.
 
-    Runs counting, events, boolean, interpolation and linearity (and sums where the budget
-    allows) at item counts chosen to fit --budget on this machine: a short timed calibration
+    Runs counting, events, boolean, interpolation and linearity (and sums and circuit where
+    the budget allows, or --include) at item counts chosen to fit --budget on this machine: a short timed calibration
     forward, stated on the card, sets them. Each experiment is a run directory under --out
     (contllm run's layout, resumable); beside them card.json and card.html, one self-contained
     page: per result what was found, the headline number with a 95% bootstrap interval over
@@ -78,7 +85,17 @@ def audit(
     """
     given = list(targets or [])
     if compare:
-        _compare(given, out, force, budget=budget, protocol=protocol, device=device, dtype=dtype, resume=resume)
+        _compare(
+            given,
+            out,
+            force,
+            budget=budget,
+            protocol=protocol,
+            device=device,
+            dtype=dtype,
+            resume=resume,
+            include=include,
+        )
         return
     if len(given) != 1:
         fail(
@@ -101,6 +118,7 @@ def audit(
             budget=budget,
             out=out,
             protocol=protocol,
+            include=include,
             resume=resume,
             force=force,
             device=device,
@@ -136,7 +154,14 @@ def _check(
 
 def _compare(cards: list[str], out: Path | None, force: bool, **others: Any) -> None:
     """``contllm audit --compare CARD... --out DIR``: the comparison page."""
-    defaults = {"budget": None, "protocol": "contllm", "device": "auto", "dtype": None, "resume": False}
+    defaults = {
+        "budget": None,
+        "protocol": "contllm",
+        "device": "auto",
+        "dtype": None,
+        "resume": False,
+        "include": None,
+    }
     unused = [f"--{name}" for name, value in others.items() if value != defaults[name]]
     if unused:
         fail(f"{', '.join(unused)} do not apply to --compare, which reads finished cards", exit_with=typer.Exit)

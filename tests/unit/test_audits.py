@@ -206,6 +206,14 @@ def test_a_resumed_audit_refuses_other_settings_before_anything_loads(audited: t
         contllm.audit("never-loaded", counts={"counting": 2}, out=out / "x")
     with pytest.raises(ExperimentError, match="no experiment 'depth'"):
         contllm.audit("never-loaded", counts={**COUNTS, "depth": 1}, out=out / "x")
+    with pytest.raises(ExperimentError, match="counting always runs"):
+        contllm.audit("never-loaded", budget="5m", include="sums,counting", out=out / "x")
+    with pytest.raises(ExperimentError, match="no experiment 'depth'"):
+        contllm.audit("never-loaded", budget="5m", include=["depth"], out=out / "x")
+    with pytest.raises(ExperimentError, match="include applies to a budget"):
+        contllm.audit("never-loaded", counts=COUNTS, include="sums", out=out / "x")
+    with pytest.raises(RunDirectoryError, match="include"):
+        contllm.audit("never-loaded", out=out, resume=True, model="tiny-llama", include="circuit")
     assert not (out / "x").exists()
 
 

@@ -159,3 +159,31 @@ def test_a_plan_fits_its_budget_within_the_bounds_and_says_how_it_was_measured(l
         experiment, config, _ = study_config(study, "contllm", 1)
         size = study.maximum if study.per_source else len(experiment.items(config))
         assert study.bounds(size).minimum <= share.count <= study.bounds(size).maximum
+
+
+def test_included_studies_are_planned_as_the_others(lm: ContinuousLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_plan hands the planner the optional studies as required ones when included (allocate's own tests show
+    what that means: they run at their minimum at least, with no comfortable count asked of the others)."""
+    import time
+
+    from contllm.audits import run
+
+    seen: list[dict[str, Bounds]] = []
+    real = run.allocate
+
+    def spy(available: float, bounds: dict[str, Bounds], seconds: Any, **kwargs: Any) -> Any:
+        seen.append(dict(bounds))
+        return real(available, bounds, seconds, **kwargs)
+
+    monkeypatch.setattr(run, "allocate", spy)
+    optional = [s.experiment for s in STUDIES if s.optional]
+    assert optional == ["sums", "circuit"]
+    make_plan(lm, "contllm", 60.0, time.perf_counter(), lambda line: None)
+    forced = make_plan(lm, "contllm", 60.0, time.perf_counter(), lambda line: None, include=optional)
+    plain, included = seen
+    assert [n for n, b in plain.items() if b.optional] == optional
+    assert not any(b.optional for b in included.values())
+    assert {n: (b.minimum, b.maximum) for n, b in plain.items()} == {
+        n: (b.minimum, b.maximum) for n, b in included.items()
+    }
+    assert forced.left_out == {} and {s.experiment for s in forced.shares} == {s.experiment for s in STUDIES}
