@@ -98,9 +98,8 @@ def forward_reads(
     evaluation context's read-out gives, float32 at least (the dtype ``lm.logits`` returns);
     with gradients enabled the result stays in the autograd graph. signals: those ``batch``
     pads; where given, a forward without gradients inside hook contexts runs a prefix they
-    share once (:func:`prefixed_reads`). prefix: the keys of a prefix every row of ``batch``
-    continues (``batch`` holds the tokens after it, and ``reads`` count from its end).
-    """
+    share once (:func:`prefixed_reads`). prefix: the keys of a prefix every row continues
+    (``batch`` holds the tokens after it, ``reads`` count from its end)."""
     if signals is not None and prefix is None and not torch.is_grad_enabled():
         rows = prefixed_reads(lm, signals, reads)
         if rows is not None:
@@ -119,9 +118,9 @@ MIN_SHARED_PREFIX = 16
 
 
 def shareable_prefix(lm: Any, signals: Sequence[Signal], before: int | None) -> int:
-    """The tokens at the start of ``signals`` that a forward may run once (0: none): the prefix they share before
-    token ``before``, where it has :data:`MIN_SHARED_PREFIX` tokens or more, the model runs its own attention
-    (hooked or not) and no torch hook registered outside contllm would see the rows after it alone."""
+    """The prefix of ``signals`` a forward may run once (tokens; 0: none): the one they share before token ``before``,
+    where it has :data:`MIN_SHARED_PREFIX` tokens or more, the model runs its own attention (hooked or not) and no
+    torch hook registered outside contllm would see the rows after it alone."""
     net = model_of(lm)
     if hooked_attention.underlying(net) not in {lm.attn_implementation, IMPLEMENTATION} or foreign_hooks(net):
         return 0
@@ -132,8 +131,7 @@ def shareable_prefix(lm: Any, signals: Sequence[Signal], before: int | None) -> 
 def prefixed_reads(lm: Any, signals: Sequence[Signal], reads: Sequence[Sequence[int]]) -> list[torch.Tensor] | None:
     """:func:`forward_reads` of ``signals`` with the prefix they share run once (:mod:`contllm.internals.prefixed`);
     None where that does not serve: fewer than two signals, no hook context open, backward hooks, no prefix
-    :func:`shareable_prefix` takes before the first read position, or a hook function that changed a value of the
-    prefix."""
+    :func:`shareable_prefix` takes before the first read, or a hook function that changed a value of the prefix."""
     net = model_of(lm)
     runs = OPEN.get(net, [])
     if len(signals) < 2 or not runs or net in SHARED or any(r.bwd for r in runs):
