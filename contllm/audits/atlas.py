@@ -334,36 +334,123 @@ def _offsets(points: Sequence[Point]) -> list[float]:
     return xs
 
 
+#: Marker size and error-bar cap of a point (points); the labels keep clear of both.
+MARKER_SIZE = 7
+CAP = 3
+#: The most characters of a number's meaning in the line under a figure's title.
+MEANING = 72
+#: The gap (points) between a group of points and its labels.
+LABEL_GAP = 8
+
+
+def _obstacles(ax: Any, points: Sequence[Point], xs: Sequence[float]) -> list[Any]:
+    """The display boxes of every point's marker and error bar, as drawn on ``ax`` (its layout done)."""
+    from matplotlib.transforms import Bbox
+
+    scale = ax.figure.dpi / 72
+    half = (MARKER_SIZE / 2 + 1) * scale
+    cap = (CAP + 1) * scale
+    boxes = []
+    for p, x in zip(points, xs):
+        value = float(p.value)  # type: ignore[arg-type]
+        X, Y = ax.transData.transform((x, value))
+        boxes.append(Bbox([[X - half, Y - half], [X + half, Y + half]]))
+        if p.interval:
+            _, low = ax.transData.transform((x, float(p.low)))  # type: ignore[arg-type]
+            _, high = ax.transData.transform((x, float(p.high)))  # type: ignore[arg-type]
+            boxes.append(Bbox([[X - cap, min(low, Y)], [X + cap, max(high, Y)]]))
+    return boxes
+
+
+def _overlap(box: Any, others: Sequence[Any]) -> float:
+    """The area ``box`` shares with ``others`` (display units squared)."""
+    total = 0.0
+    for other in others:
+        w = min(box.x1, other.x1) - max(box.x0, other.x0)
+        h = min(box.y1, other.y1) - max(box.y0, other.y0)
+        if w > 0 and h > 0:
+            total += w * h
+    return total
+
+
 def _label_points(ax: Any, points: Sequence[Point], xs: Sequence[float]) -> None:
-    """Write "label · n=items" right of each group of points of one size, top to bottom in the order of their values,
-    each at its value or, where that would run into the label above, just under it (a label's " (protocol)" left
-    out: the marker's colour and fill say it)."""
+    """Write "label · n=items" beside each point, clear of every marker, error bar and label already written.
+
+    Points of one size are labelled top to bottom in the order of their values. Each label
+    takes the first place that is clear and inside the panel among: right of its group at its
+    value, left of it, then the same higher or lower by steps of 0.6 of a label's height, up to
+    about five heights away; where none is clear, the place that covers least. A label moved
+    off its value has a thin line to its point. A label's " (protocol)" is left out: the
+    marker's colour and fill say it. Needs the figure laid out (positions in display units).
+    """
+    from matplotlib.transforms import Bbox
+
     from contllm.plotting import shortened
 
-    bottom, top = ax.get_ylim()
-    gap = 0.055 * (top - bottom)
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    scale = fig.dpi / 72
+    area = ax.get_window_extent(renderer)
+    taken = _obstacles(ax, points, xs)
     groups: dict[int, list[int]] = {}
     for k, p in enumerate(points):
         groups.setdefault(int(p.parameters or 0), []).append(k)
-    lowest = bottom
     for members in groups.values():
-        right = max(xs[k] for k in members)
-        above = math.inf
+        right, left = max(xs[k] for k in members), min(xs[k] for k in members)
         for k in sorted(members, key=lambda k: -float(points[k].value)):  # type: ignore[arg-type]
-            y = min(float(points[k].value), above - gap)  # type: ignore[arg-type]
-            above = y
-            lowest = min(lowest, y - gap / 2)
             name = points[k].label.removesuffix(f" ({points[k].protocol})")  # the marker's colour says the protocol
+            value = float(points[k].value)  # type: ignore[arg-type]
+            words = f"{shortened(name, 28)} · n={points[k].items}"
+            # measured first, then written where there is room
+            text = ax.text(0, 0, words, fontsize=7, transform=ax.transAxes)
+            size = text.get_window_extent(renderer)
+            w, h = size.width, size.height
+            best: tuple[float, float, float, str, Any] | None = None
+            for step in (0, 1, -1, 2, -2, 3, -3, 4, -4, 5, -5, 6, -6, 7, -7, 8, -8):
+                dy = step * h * 0.6
+                for align, x in (("left", right), ("right", left)):  # right of the group, then left of it
+                    X, Y = ax.transData.transform((x, value))
+                    x0 = X + LABEL_GAP * scale if align == "left" else X - LABEL_GAP * scale - w
+                    box = Bbox([[x0, Y + dy - h / 2], [x0 + w, Y + dy + h / 2]])
+                    inside = area.x0 <= box.x0 and box.x1 <= area.x1 and area.y0 <= box.y0 and box.y1 <= area.y1
+                    cost = _overlap(box, taken) + (0.0 if inside else w * h)
+                    if best is None or cost < best[0]:
+                        best = (cost, x, dy / scale, align, box)
+                    if cost == 0:
+                        break
+                if best is not None and best[0] == 0:
+                    break
+            assert best is not None
+            _, x, dy, align, box = best
+            # Anchored at the point itself, so that a label moved off its value draws a thin line to it.
+            (start, _), (own, _) = ax.transData.transform([(x, value), (xs[k], value)])
+            text.remove()
+            line = {"arrowstyle": "-", "color": "0.6", "lw": 0.6, "shrinkA": 1, "shrinkB": MARKER_SIZE / 2 + 1}
             ax.annotate(
-                f"{shortened(name, 28)} · n={points[k].items}",
-                (right, y),
-                xytext=(8, 0),
+                words,
+                (xs[k], value),
+                xytext=((start - own) / scale + (LABEL_GAP if align == "left" else -LABEL_GAP), dy),
                 textcoords="offset points",
                 fontsize=7,
                 color="0.3",
                 va="center",
+                ha=align,
+                arrowprops={**line, "relpos": (0.0 if align == "left" else 1.0, 0.5)} if dy else None,
             )
-    ax.set_ylim(lowest, top)
+            taken.append(box)
+
+
+def _fit_detail(line: Any, entry: Entry) -> None:
+    """Shorten the meaning in ``line``, the line under the title, until it ends inside the figure (the pairs stay
+    whole)."""
+    from contllm.plotting import shortened
+
+    figure = line.get_figure(root=True)
+    renderer = figure.canvas.get_renderer()
+    limit = min(len(entry.meaning), MEANING)
+    while line.get_window_extent(renderer).x1 > figure.bbox.x1 and limit > 12:
+        limit -= 3
+        line.set_text("; ".join(d for d in (shortened(entry.meaning, limit), entry.detail) if d))
 
 
 def _style(protocol: str, order: Sequence[str]) -> tuple[str, bool]:
@@ -401,13 +488,12 @@ def draw(entry: Entry, title: str = "audits compared") -> Any:
             color=colour,
             mfc=colour if filled else "white",
             mec=colour,
-            ms=7,
-            capsize=3,
+            ms=MARKER_SIZE,
+            capsize=CAP,
             lw=1.2,
         )
-    _label_points(ax, points, xs)
     counts = [int(p.parameters or 0) for p in points]
-    low, high = min(counts) / 1.8, max(counts) * 4.0
+    low, high = min(counts) / 3.2, max(counts) * 4.0  # room for labels left of the smallest and right of the largest
     ax.set_xscale("log")
     ax.set_xlim(low, high)
     decades = math.log10(high / low)
@@ -437,12 +523,22 @@ def draw(entry: Entry, title: str = "audits compared") -> Any:
             )
         )
     legend_outside(ax, handles=handles)
-    detail = "; ".join(d for d in (shortened(entry.meaning, 72), entry.detail) if d)
+    detail = "; ".join(d for d in (shortened(entry.meaning, MEANING), entry.detail) if d)
     finding(ax, entry.sentence, detail)
     role = " (the paper's)" if entry.role == "paper" else ""
     heading(
         fig, title, f"{shortened(entry.experiment, 24)} · {shortened(entry.metric, 40)}{role}", len(points), "cards"
     )
+    # The line under the title is shortened to the room the layout leaves (it takes no room from the panel); the labels
+    # go where the laid-out figure has room; the layout then stays as it is (a later one would move them).
+    lines = [t for t in ax.texts if detail and t.get_text() == detail]
+    for line in lines:
+        line.set_in_layout(False)
+    fig.draw_without_rendering()
+    for line in lines:
+        _fit_detail(line, entry)
+    _label_points(ax, points, xs)
+    fig.set_layout_engine("none")
     return fig
 
 

@@ -2,7 +2,7 @@
 
 The first panel states its finding as a sentence (its left title); no legend covers any
 panel's data area; no two level tick labels of an axis overlap; no panel title runs into another or
-off the figure; each panel has one
+off the figure, nor any text written on a panel off it; each panel has one
 y-axis (no twin axes sharing a panel's place); the paper's measures, where a figure has
 them, are its last panels.
 """
@@ -58,6 +58,12 @@ def check_readable(fig: Any) -> str:
     for k, box in enumerate(titles):
         assert not any(box.overlaps(other) for other in titles[k + 1 :]), "two panel titles overlap"
         assert box.x0 >= page.x0 - 1 and box.x1 <= page.x1 + 1, "a panel title runs off the figure"
+    for ax in axes:  # a note written on a panel (the line under a title, a label) stays on the figure
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            assert not text.get_text() or (box.x0 >= page.x0 - 1 and box.x1 <= page.x1 + 1), (
+                f"a text runs off the figure: {text.get_text()!r}"
+            )
     sentence = axes[0].get_title(loc="left")
     assert sentence and sentence[0].isupper() and len(sentence.split()) >= 5, (
         f"no finding on the first panel: {sentence!r}"
@@ -68,3 +74,43 @@ def check_readable(fig: Any) -> str:
 def paper_panels(fig: Any) -> list[int]:
     """The positions among the panels of those titled as the paper's measures."""
     return [k for k, ax in enumerate(data_axes(fig)) if "(the paper's" in ax.get_title(loc="left")]
+
+
+def check_labels_clear(ax: Any) -> int:
+    """Assert that the labels written at data points of ``ax`` (its annotations placed in data coordinates) stay
+    inside the panel and clear of each other, of every marker and of every error bar; returns how many there are."""
+    from matplotlib.collections import LineCollection
+    from matplotlib.text import Text
+
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    scale = fig.dpi / 72
+    area = ax.get_window_extent(renderer)
+    labels = [t for t in ax.texts if getattr(t, "xycoords", None) == "data" and t.get_text()]
+    boxes = [Text.get_window_extent(t, renderer) for t in labels]  # the words only (an annotation's adds its line)
+    marks = []  # (x0, y0, x1, y1) of every marker and error-bar segment, in display units
+    for line in ax.lines:
+        if line.get_marker() in (None, "", "None", "none"):
+            continue
+        half = line.get_markersize() * scale / 2
+        for x, y in ax.transData.transform(np.column_stack([np.asarray(d, dtype=float) for d in line.get_data()])):
+            marks.append((x - half, y - half, x + half, y + half))
+    for collection in ax.collections:
+        if isinstance(collection, LineCollection):
+            width = max(collection.get_linewidths()) * scale / 2
+            for segment in collection.get_segments():
+                (x0, y0), (x1, y1) = ax.transData.transform(np.asarray(segment, dtype=float))
+                marks.append((min(x0, x1) - width, min(y0, y1), max(x0, x1) + width, max(y0, y1)))
+    for k, (label, box) in enumerate(zip(labels, boxes)):
+        name = label.get_text()
+        assert area.x0 <= box.x0 and box.x1 <= area.x1 and area.y0 <= box.y0 and box.y1 <= area.y1, (
+            f"the label {name!r} runs out of its panel"
+        )
+        for other, text in zip(boxes[k + 1 :], labels[k + 1 :]):
+            assert not box.overlaps(other), f"the labels {name!r} and {text.get_text()!r} overlap"
+        for x0, y0, x1, y1 in marks:
+            assert box.x1 <= x0 or x1 <= box.x0 or box.y1 <= y0 or y1 <= box.y0, (
+                f"the label {name!r} covers a marker or an error bar"
+            )
+    return len(labels)

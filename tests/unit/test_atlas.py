@@ -19,7 +19,7 @@ from contllm.audits.card import Card, Finding, Number
 from contllm.audits.run import compare
 from contllm.errors import RunDirectoryError
 from contllm.plotting import plt
-from tests.unit.readable import check_readable
+from tests.unit.readable import check_labels_clear, check_readable
 
 pytestmark = pytest.mark.unit
 
@@ -125,6 +125,41 @@ def test_cards_of_embedded_models_rise_and_the_figures_are_readable() -> None:
             assert fig.axes[0].get_xscale() == "log"
         finally:
             plt.close(fig)
+
+
+#: The counting atlas of docs/atlas.md as it stood: (model, protocol, value, low, high, items); crowded at both ends.
+CROWDED = [
+    (SMALL, "contllm", 0.370, 0.355, 0.390, 130),
+    (SMALL, "paper", 0.310, 0.240, 0.385, 11),
+    ("gemma3-270m", "contllm", 0.405, 0.375, 0.430, 130),
+    ("gemma3-270m", "paper", 0.290, 0.220, 0.370, 10),
+    (MEDIUM, "contllm", 0.860, 0.825, 0.895, 79),
+    (MEDIUM, "paper", 0.967, 0.900, 1.000, 5),
+    (LARGE, "contllm", 0.970, 0.935, 1.000, 19),
+    (LARGE, "paper", 0.850, 0.550, 1.000, 4),
+]
+
+
+#: A meaning long enough that the line under the title must shorten it to stay on the figure.
+MEANING = "largest change of P(1) between neighbouring alphas of the Boolean interpolation, mean over the items"
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["as-measured", "one-value"])
+def test_point_labels_keep_clear_of_each_other_the_markers_and_the_error_bars(spread: bool) -> None:
+    cards = []
+    for model, protocol, value, low, high, items in CROWDED:
+        if spread:  # every point at one value, no interval: the labels of one size must stack
+            value, low, high = 1.0, None, None  # type: ignore[assignment]
+        number = Number("pure_peak_rate", "headline", value, low, high, "higher", MEANING, {})
+        finding = Finding("counting", "counting", items, f"{model} counts.", [number])
+        cards.append(Card(model, protocol, dict(PLAN), [finding], {"resamples": 100, "level": 0.95}))
+    entry = only(given(*cards))
+    fig = atlas.draw(entry)
+    try:
+        check_readable(fig)
+        assert check_labels_clear(fig.axes[0]) == len(CROWDED)
+    finally:
+        plt.close(fig)
 
 
 def test_a_card_of_unknown_size_is_left_out_with_a_note_and_the_page_says_so(tmp_path: Path) -> None:
