@@ -2,6 +2,7 @@
 
 Usage:
     OMP_WAIT_POLICY=PASSIVE python benchmarks/main_job.py [--model NAME] [--cold] [--record FILE]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/main_job.py --model A --against B [--rounds N]
 
 It runs ``contllm run counting`` in this process, through :func:`contllm.rundir.runner.run`
 with the command line's defaults (every item, the experiment's default options, the
@@ -26,7 +27,13 @@ The interpreter's start and the imports of torch and transformers are not counte
 command pays them, and they are printed apart. ``--record FILE`` writes every number,
 the date, the machine and the command to FILE as JSON (docs/measured/main_job.json is the
 one the documentation quotes; ``python docs/quotes.py --write`` then updates the pages).
-``--formats`` and ``--item-figures`` pass through to the run. The load average is
+``--formats`` and ``--item-figures`` pass through to the run.
+
+``--against B`` runs model B the same way, alternating with the first model ``--rounds``
+times each (default 2), and ends with one line: B's best evaluation over A's, B's useful
+FLOPs over A's, and their quotient, the time per FLOP (below 1: B computes each FLOP
+faster). The peak memory each run prints is the process's so far. ``--record`` then writes
+both models' runs and the ratios. The load average is
 printed before and after, since other processes only ever add time.
 """
 
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import resource
@@ -145,9 +153,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-item-figures", dest="item_figures", action="store_false")
     parser.add_argument("--out", default=None, help="keep the run directory here (default: a temporary one)")
     parser.add_argument("--record", default=None, help="write every number, the date and the machine to this JSON file")
+    parser.add_argument(
+        "--against",
+        default=None,
+        help="a second model run the same way, alternating with the first (--rounds each): prints the ratio of "
+        "their evaluations beside the ratio of their useful FLOPs",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each model with --against (default: 2)")
     args = parser.parse_args(argv)
+    if args.against is None:
+        record = measure(args.model, args)
+        if args.record:
+            write_record(record, args.record, argv)
+        return 0
+    if args.cold or args.out:
+        parser.error("--against takes neither --cold nor --out: each run loads a cached model into its own directory")
+    records: dict[str, list[dict[str, Any]]] = {args.model: [], args.against: []}
+    for round_ in range(1, args.rounds + 1):
+        for model in records:
+            print(f"--- round {round_} of {args.rounds}: {model}")
+            records[model].append(measure(model, args))
+            gc.collect()  # the model of the run before goes before the next loads
+    print(scale_line(args.model, records[args.model], args.against, records[args.against]))
+    if args.record:
+        write_record(
+            {"pair": {m: r for m, r in records.items()}, "ratio": ratios(records[args.model], records[args.against])},
+            args.record,
+            argv,
+        )
+    return 0
 
-    settings: dict[str, Any] = {"model": args.model}
+
+def ratios(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> dict[str, float]:
+    """The second model against the first: best evaluation over best evaluation, useful FLOPs over useful FLOPs, and
+    the quotient of the two (below 1: the second computes each FLOP faster)."""
+    wall = min(r["seconds"]["evaluation"] for r in second) / min(r["seconds"]["evaluation"] for r in first)
+    flops = second[0]["flops"] / first[0]["flops"]
+    return {"evaluation": round(wall, 3), "flops": round(flops, 3), "per_flop": round(wall / flops, 3)}
+
+
+def scale_line(a: str, first: list[dict[str, Any]], b: str, second: list[dict[str, Any]]) -> str:
+    r = ratios(first, second)
+    best = [min(x["seconds"]["evaluation"] for x in rs) for rs in (first, second)]
+    return (
+        f"{b} / {a}: evaluation {r['evaluation']:.2f}x (best of {len(first)}: {best[1]:.1f} s / {best[0]:.1f} s), "
+        f"useful FLOPs {r['flops']:.2f}x, time per FLOP {r['per_flop']:.2f}x"
+    )
+
+
+def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One run of ``args.experiment`` on ``model`` as the module's docstring says: prints its lines, returns its
+    record."""
+    settings: dict[str, Any] = {"model": model}
     for name in ("items", "formats", "item_figures"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
@@ -160,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"imports (torch, transformers, contllm; not counted): {IMPORTS:.1f} s")
 
     # The rate before the run needs the model's config: with --cold it is not converted yet, and only the rate after counts.
-    rates = () if args.cold else (model_rate(args.model),)
+    rates = () if args.cold else (model_rate(model),)
     with tempfile.TemporaryDirectory() as root, Recorder() as recorder:
         if args.cold:
             os.environ["CONTLLM_CACHE"] = str(Path(root) / "cache")
@@ -188,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cache = "cold (converted during the run)" if args.cold else "warm (converted before)"
     print(
-        f"model {args.model} ({manifest['dtype']}, {manifest['device']}), {args.experiment}, "
+        f"model {model} ({manifest['dtype']}, {manifest['device']}), {args.experiment}, "
         f"{manifest['items']} items, default options; cache {cache}; figure files written: {len(figures)}"
     )
     print(
@@ -210,40 +267,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"load average after: {' '.join(f'{x:.2f}' for x in after)}; peak memory of this process {peak:.1f} GB")
 
-    if args.record:
-        record = {
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-            "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(
-                ["python benchmarks/main_job.py", *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
-            ),
-            "machine": machine(),
-            "load_average": {"before": before[0], "after": after[0]},
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-            "model": args.model,
-            "experiment": args.experiment,
-            "items": manifest["items"],
-            "dtype": manifest["dtype"],
-            "cache": cache,
-            "seconds": {
-                "imports": round(IMPORTS, 3),
-                "end_to_end": round(wall, 3),
-                **{k: (None if v is None else round(v, 3)) for k, v in seconds.items()},
-            },
-            "overhead": round(overhead, 3),
-            "efficiency": float(f"{efficiency:.3g}"),  # three significant digits: a tiny model's is ~0.002
-            "matmul_gflops": round(rate / 1e9, 1),
-            "tflop": round(flops / 1e12, 3),
-            "tokens": tokens,
-            "forwards": forwards,
-            "peak_rss_gb": round(peak, 2),
-            "summary": {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
-        }
-        path = Path(args.record)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"recorded in {path}")
-    return 0
+    return {
+        "load_average": {"before": before[0], "after": after[0]},
+        "model": model,
+        "experiment": args.experiment,
+        "items": manifest["items"],
+        "dtype": manifest["dtype"],
+        "cache": cache,
+        "seconds": {
+            "imports": round(IMPORTS, 3),
+            "end_to_end": round(wall, 3),
+            **{k: (None if v is None else round(v, 3)) for k, v in seconds.items()},
+        },
+        "overhead": round(overhead, 3),
+        "efficiency": float(f"{efficiency:.3g}"),  # three significant digits: a tiny model's is ~0.002
+        "matmul_gflops": round(rate / 1e9, 1),
+        "tflop": round(flops / 1e12, 3),
+        "flops": float(f"{flops:.6g}"),
+        "tokens": tokens,
+        "forwards": forwards,
+        "peak_rss_gb": round(peak, 2),
+        "summary": {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+    }
+
+
+def write_record(record: dict[str, Any], file: str, argv: Sequence[str] | None) -> None:
+    """``record`` as JSON in ``file``, after the date, the machine, the versions and the command."""
+    head = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(
+            ["python benchmarks/main_job.py", *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
+        ),
+        "machine": machine(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    path = Path(file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**head, **record}, indent=1) + "\n")
+    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

@@ -44,3 +44,38 @@ def test_main_job_prints_its_four_lines_and_records_what_the_pages_quote(
     # every key the pages quote from the repository's record is one this writer produces
     quoted = {key for page in quotes.pages() for key, _ in quotes.quotes(page.read_text()) if key.startswith("main_job.")}
     assert quoted and quoted <= set(values), sorted(quoted - set(values))
+
+
+def test_against_runs_both_models_in_turn_and_ends_with_their_ratios(
+    main_job: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = word_directory(tmp_path / "first", WORDS, max_position_embeddings=512)
+    second = word_directory(tmp_path / "second", WORDS, max_position_embeddings=512)
+    record = tmp_path / "pair.json"
+    args = ["--model", str(first), "--against", str(second), "--items", "2", "--rounds", "2", "--record", str(record)]
+    assert main_job.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rounds = [line for line in lines if line.startswith("--- round ")]
+    assert rounds == [
+        f"--- round 1 of 2: {first}",
+        f"--- round 1 of 2: {second}",
+        f"--- round 2 of 2: {first}",
+        f"--- round 2 of 2: {second}",
+    ]
+    assert sum(line.startswith("evaluation ") for line in lines) == 4
+    data = json.loads(record.read_text())
+    runs = data["pair"]
+    assert [len(runs[str(m)]) for m in (first, second)] == [2, 2]
+    best = [min(r["seconds"]["evaluation"] for r in runs[str(m)]) for m in (first, second)]
+    ratio = data["ratio"]
+    assert ratio["evaluation"] == round(best[1] / best[0], 3)
+    assert ratio["flops"] == 1.0  # the same model twice computes the same FLOPs
+    assert lines[-2].startswith(f"{second} / {first}: evaluation {ratio['evaluation']:.2f}x (best of 2: ")
+    assert lines[-2].endswith(f"useful FLOPs 1.00x, time per FLOP {ratio['per_flop']:.2f}x")
+
+
+def test_against_refuses_a_cold_cache_or_one_output_directory(main_job: ModuleType) -> None:
+    for extra in (["--cold"], ["--out", "somewhere"]):
+        with pytest.raises(SystemExit) as stop:
+            main_job.main(["--model", "a", "--against", "b", *extra])
+        assert stop.value.code == 2
