@@ -168,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.cold or args.out:
         parser.error("--against takes neither --cold nor --out: each run loads a cached model into its own directory")
+    if args.against == args.model or args.rounds < 1:
+        parser.error("--against needs a model other than --model, and --rounds at least 1")
     records: dict[str, list[dict[str, Any]]] = {args.model: [], args.against: []}
     for round_ in range(1, args.rounds + 1):
         for model in records:
@@ -177,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(scale_line(args.model, records[args.model], args.against, records[args.against]))
     if args.record:
         write_record(
-            {"pair": {m: r for m, r in records.items()}, "ratio": ratios(records[args.model], records[args.against])},
+            {"pair": records, "ratio": ratios(records[args.model], records[args.against])},
             args.record,
             argv,
         )

@@ -42,7 +42,9 @@ def test_main_job_prints_its_four_lines_and_records_what_the_pages_quote(
     assert values["main_job.accuracy_at_1"] == f"{data['summary']['accuracy_at_1']:.3f}"
     assert values["main_job.end_to_end"] == quotes.duration(data["seconds"]["end_to_end"])
     # every key the pages quote from the repository's record is one this writer produces
-    quoted = {key for page in quotes.pages() for key, _ in quotes.quotes(page.read_text()) if key.startswith("main_job.")}
+    quoted = {
+        key for page in quotes.pages() for key, _ in quotes.quotes(page.read_text()) if key.startswith("main_job.")
+    }
     assert quoted and quoted <= set(values), sorted(quoted - set(values))
 
 
@@ -74,8 +76,13 @@ def test_against_runs_both_models_in_turn_and_ends_with_their_ratios(
     assert lines[-2].endswith(f"useful FLOPs 1.00x, time per FLOP {ratio['per_flop']:.2f}x")
 
 
-def test_against_refuses_a_cold_cache_or_one_output_directory(main_job: ModuleType) -> None:
-    for extra in (["--cold"], ["--out", "somewhere"]):
+def test_against_refuses_a_cold_cache_one_output_directory_the_same_model_or_no_rounds(main_job: ModuleType) -> None:
+    for args in (
+        ["--against", "b", "--cold"],
+        ["--against", "b", "--out", "x"],
+        ["--against", "a"],
+        ["--against", "b", "--rounds", "0"],
+    ):
         with pytest.raises(SystemExit) as stop:
-            main_job.main(["--model", "a", "--against", "b", *extra])
+            main_job.main(["--model", "a", *args])
         assert stop.value.code == 2
